@@ -1,0 +1,18 @@
+"""foldax: reductions for JAX that never materialize their intermediate.
+
+Segment (ragged) reductions and, soon, pairwise reductions, computed as a streamed fold of a
+monoid over chunks of a lazily computed axis, with custom VJPs whose backward pass is itself a
+streamed fold. See the README and ``docs/`` for the story; ``foldax.memory`` measures it.
+"""
+
+from . import memory as memory
+from ._segment import segment_log_softmax as segment_log_softmax
+from ._segment import segment_logmeanexp as segment_logmeanexp
+from ._segment import segment_logsumexp as segment_logsumexp
+from ._segment import segment_max as segment_max
+from ._segment import segment_mean as segment_mean
+from ._segment import segment_min as segment_min
+from ._segment import segment_softmax as segment_softmax
+from ._segment import segment_sum as segment_sum
+
+__version__ = "0.1.0"

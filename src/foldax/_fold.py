@@ -1,0 +1,457 @@
+"""The streaming fold engine: map-reduce over the leading axis, one chunk at a time.
+
+Every public reduction of foldax is a call to :func:`fold` (reduce rows into per-segment monoid
+states) or :func:`map_rows` (one output per row, e.g. a segment softmax). Both walk the rows with a
+:class:`Plan` inside ``lax.scan`` so that XLA never sees more than one chunk of the mapped values
+at a time, and both carry a custom VJP whose backward pass is itself a streamed ``lax.scan`` that
+*recomputes* each chunk: nothing per row is saved between the forward and the backward pass.
+
+Plans
+-----
+A plan says how the rows are walked. It is a pytree: its integer arrays (which may be traced) are
+children, its sizes are static.
+
+* :class:`TilePlan` -- contiguous segments. Each segment is cut into tiles of ``T`` rows that
+  belong to that segment only (the last tile of a segment is partial and masked), and each step
+  gathers ``G`` tiles. A tile's rows reduce densely (a vectorised max / exp / sum), and only the
+  ``G`` tile states are scattered into the per-segment carry: no per-row scatter.
+* :class:`RowPlan` -- arbitrary (unsorted) ``segment_ids``. Each step takes ``C`` consecutive rows
+  as ``C`` tiles of one row each and scatters them by id, like ``jax.ops.segment_*``.
+
+Both plans read a chunk with a clamped start (``min(start, N - width)``) and a mask, so ``N`` need
+not be a multiple of anything and the data is never padded or copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+# ----------------------------------------------------------------------------------------------
+# Plans
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["segment_ids"],
+    meta_fields=["n", "num_segments", "chunk", "steps"],
+)
+@dataclasses.dataclass(frozen=True)
+class RowPlan:
+    """Walk ``n`` rows in steps of ``chunk`` consecutive rows, each with its own segment id."""
+
+    segment_ids: Any  # (n,) int
+    n: int
+    num_segments: int
+    chunk: int
+    steps: int
+
+    @property
+    def group(self) -> int:
+        return self.chunk
+
+    @property
+    def tile(self) -> int:
+        return 1
+
+    def xs(self):
+        return jnp.arange(self.steps, dtype=jnp.int32)
+
+    def _start(self, i):
+        return jnp.minimum(i * self.chunk, self.n - self.chunk)
+
+    def load(self, data, i):
+        """Rows ``(C, ...)``, their segment ids ``(C,)`` (``num_segments`` = drop) and mask ``(C, 1)``."""
+        start = self._start(i)
+        rows = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, self.chunk), data)
+        ids = lax.dynamic_slice_in_dim(self.segment_ids, start, self.chunk).astype(jnp.int32)
+        own = start + jnp.arange(self.chunk, dtype=jnp.int32) >= i * self.chunk
+        seg = jnp.where((ids >= 0) & (ids < self.num_segments), ids, self.num_segments)
+        return rows, seg, own[:, None]
+
+    def store_add(self, buf, i, vals):
+        """Add ``vals`` (``(C, ...)``, zero where not owned) into rows of ``buf`` read by step ``i``."""
+        start = self._start(i)
+        old = lax.dynamic_slice_in_dim(buf, start, self.chunk)
+        return lax.dynamic_update_slice_in_dim(buf, old + vals, start, axis=0)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["starts", "segs", "lens"],
+    meta_fields=["n", "num_segments", "tile", "group", "steps"],
+)
+@dataclasses.dataclass(frozen=True)
+class TilePlan:
+    """Walk contiguous segments as tiles of ``tile`` rows, ``group`` tiles per step.
+
+    ``starts``, ``segs``, ``lens`` have shape ``(steps, group)``: the first row, the segment and
+    the number of valid rows of every tile (padding tiles have ``seg == num_segments``, ``len 0``).
+    """
+
+    starts: Any
+    segs: Any
+    lens: Any
+    n: int
+    num_segments: int
+    tile: int
+    group: int
+    steps: int
+
+    def xs(self):
+        return (self.starts, self.segs, self.lens)
+
+    def _rows(self, x):
+        start, _, ln = x
+        actual = jnp.minimum(start, self.n - self.tile)  # clamp: never read past the end
+        r = actual[:, None] + jnp.arange(self.tile, dtype=jnp.int32)
+        mask = (r >= start[:, None]) & (r < (start + ln)[:, None])
+        return actual, mask
+
+    def load(self, data, x):
+        actual, mask = self._rows(x)
+        t = self.tile
+
+        def gather(a):
+            tiles = jax.vmap(lambda s: lax.dynamic_slice_in_dim(a, s, t))(actual)
+            return tiles.reshape((self.group * t,) + a.shape[1:])
+
+        return jax.tree.map(gather, data), x[1], mask
+
+    def store_add(self, buf, x, vals):
+        actual, _ = self._rows(x)
+        t = self.tile
+        upd = vals.reshape((self.group, t) + vals.shape[1:])
+        dnums = lax.ScatterDimensionNumbers(
+            update_window_dims=tuple(range(1, upd.ndim)),
+            inserted_window_dims=(),
+            scatter_dims_to_operand_dims=(0,),
+        )
+        return lax.scatter_add(
+            buf, actual[:, None], upd, dnums, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS
+        )
+
+
+def tile_schedule(xp, sizes, offsets, num_segments, tile, max_tiles):
+    """Cut contiguous segments into tiles. ``xp`` is ``numpy`` (static) or ``jax.numpy`` (traced).
+
+    Returns ``starts, segs, lens`` of length ``max_tiles`` (extra tiles are padding).
+    """
+    counts = (sizes + (tile - 1)) // tile
+    ends = xp.cumsum(counts)
+    t = xp.arange(max_tiles)
+    seg = xp.searchsorted(ends, t, side="right")
+    segc = xp.minimum(seg, num_segments - 1)
+    k = t - (ends[segc] - counts[segc])
+    starts = offsets[segc] + k * tile
+    lens = xp.clip(sizes[segc] - k * tile, 0, tile)
+    valid = seg < num_segments
+    i32 = xp.int32
+    return (
+        xp.where(valid, starts, 0).astype(i32),
+        xp.where(valid, seg, num_segments).astype(i32),
+        xp.where(valid, lens, 0).astype(i32),
+    )
+
+
+MAX_TILE = 2048
+
+
+def choose_tile(n, sizes_static, num_segments, chunk):
+    """The tile height: the largest power of two wasting at most ~4% of rows to tile padding."""
+    cap = max(1, min(MAX_TILE, chunk, n))
+    if sizes_static is not None:
+        for t in (2**k for k in range(int(math.log2(cap)), -1, -1)):
+            padded = int(np.sum(-(-sizes_static // t))) * t
+            if padded <= 1.04 * n + t:
+                return t
+        return 1
+    # Traced sizes: assume segments near the mean size; padding ~ S*T/2.
+    t = 1
+    while t * 2 <= cap and (t * 2) * num_segments <= 0.08 * n:
+        t *= 2
+    return t
+
+
+def make_tile_plan(n, sizes, offsets, num_segments, chunk):
+    """A :class:`TilePlan` from contiguous ``sizes``/``offsets`` (NumPy = static, else traced)."""
+    static = isinstance(sizes, np.ndarray)
+    tile = choose_tile(n, sizes if static else None, num_segments, chunk)
+    group = max(1, chunk // tile)
+    if static:
+        num_tiles = int(np.sum(-(-sizes // tile)))
+    else:
+        num_tiles = n // tile + num_segments
+    steps = max(1, -(-num_tiles // group))
+    xp = np if static else jnp
+    arrs = tile_schedule(xp, sizes, offsets, num_segments, tile, steps * group)
+    arrs = [jnp.asarray(a).reshape(steps, group) for a in arrs]
+    return TilePlan(*arrs, n=n, num_segments=num_segments, tile=tile, group=group, steps=steps)
+
+
+def make_row_plan(n, segment_ids, num_segments, chunk):
+    chunk = max(1, min(chunk, n))
+    return RowPlan(
+        segment_ids=segment_ids,
+        n=n,
+        num_segments=num_segments,
+        chunk=chunk,
+        steps=-(-n // chunk),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Differentiable parts of pytrees
+
+
+def _is_diff(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _split(tree, flags):
+    """Split the leaves of ``tree`` into (differentiable, rest) by boolean ``flags`` per leaf."""
+    leaves, treedef = jax.tree.flatten(tree)
+    diff = [x if f else None for x, f in zip(leaves, flags, strict=True)]
+    rest = [None if f else x for x, f in zip(leaves, flags, strict=True)]
+    return diff, rest, treedef
+
+
+def _merge(diff, rest, treedef):
+    return jax.tree.unflatten(treedef, [d if r is None else r for d, r in zip(diff, rest, strict=True)])
+
+
+def _unwrap(tree):
+    """Values and per-leaf ``perturbed`` flags of a ``symbolic_zeros`` custom-VJP primal."""
+    leaves, treedef = jax.tree.flatten(tree)
+    vals = [getattr(x, "value", x) for x in leaves]
+    flags = [bool(getattr(x, "perturbed", True)) and _is_diff(v) for x, v in zip(leaves, vals, strict=True)]
+    return jax.tree.unflatten(treedef, vals), flags
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=[], meta_fields=["value"])
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Carries hashable Python values (the perturbed flags) through custom-VJP residuals."""
+
+    value: Any
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine
+
+
+def _convert(fn, data, plan):
+    """Closure-convert ``fn`` for one chunk of rows: ``(body, consts)`` with ``body(consts, rows)``.
+
+    Arrays that ``fn`` closes over (model parameters, batch tracers of an outer ``vmap``) become
+    explicit ``consts`` so that the custom VJP can differentiate with respect to them.
+    """
+    rows = plan.group * plan.tile
+    if fn is None:
+        return (lambda consts, r: r), ()
+    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), data)
+    conv, consts = jax.closure_convert(fn, example)
+    return (lambda consts, r: conv(r, *consts)), tuple(consts)
+
+
+def _tiles(v, plan):
+    """``(G*T, *F)`` -> ``(G, T, *F)``."""
+    return v.reshape((plan.group, plan.tile, *v.shape[1:]))
+
+
+def _per_row(seg, plan):
+    """Tile segment ids ``(G,)`` -> row segment ids ``(G*T,)``."""
+    return jnp.repeat(seg, plan.tile, total_repeat_length=plan.group * plan.tile)
+
+
+def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct):
+    """The shared backward pass: recompute every chunk and pull back its row cotangents.
+
+    ``row_ct(x, v, seg, mask)`` returns the cotangent ``(G*T, *F)`` of the chunk's values ``v``
+    (zero where ``mask`` is false). Returns cotangents for ``consts`` and ``data`` with ``None``
+    for leaves that were not perturbed.
+    """
+    dc, rc, tc = _split(consts, flags_c)
+    dd, _, td = _split(data, flags_d)
+    want_c = [x for x in dc if x is not None]
+    want_d = [x for x in dd if x is not None]
+
+    def step(carry, x):
+        acc_c, bufs = carry
+        rows, seg, mask = plan.load(data, x)
+        rows_l, _ = jax.tree.flatten(rows)
+        rows_d, rows_r, _ = _split(rows, flags_d)
+
+        def f(cs, ds):
+            it_c, it_d = iter(cs), iter(ds)
+            full_c = _merge([next(it_c) if d is not None else None for d in dc], rc, tc)
+            full_d = _merge([next(it_d) if d is not None else None for d in rows_d], rows_r, td)
+            return body(full_c, full_d, _per_row(seg, plan))
+
+        v, pull = jax.vjp(f, want_c, [r for r in rows_d if r is not None])
+        ct = row_ct(x, v, seg, mask)
+        g_c, g_d = pull(ct)
+        acc_c = [a + g for a, g in zip(acc_c, g_c, strict=True)]
+        row_mask = mask.reshape(-1)
+        bufs = [
+            plan.store_add(b, x, jnp.where(row_mask.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0))
+            for b, g in zip(bufs, g_d, strict=True)
+        ]
+        del rows_l
+        return (acc_c, bufs), None
+
+    init = ([jnp.zeros_like(c) for c in want_c], [jnp.zeros_like(d) for d in want_d])
+    (acc_c, bufs), _ = lax.scan(step, init, plan.xs())
+    it_c, it_d = iter(acc_c), iter(bufs)
+    ct_c = jax.tree.unflatten(tc, [next(it_c) if d is not None else None for d in dc])
+    ct_d = jax.tree.unflatten(td, [next(it_d) if d is not None else None for d in dd])
+    return ct_c, ct_d
+
+
+def _values(plan, body, consts, data, x):
+    rows, seg, mask = plan.load(data, x)
+    return body(consts, rows, _per_row(seg, plan)), seg, mask
+
+
+def fold(monoid, fn, data, plan):
+    """Reduce ``fn(rows)`` (or the rows themselves) into ``plan.num_segments`` monoid results.
+
+    Returns ``monoid.finalize(state)`` of shape ``(num_segments, *F)``. Custom VJP: the residuals
+    are the inputs and ``monoid.grad_info`` per segment; the backward pass is a second streamed
+    fold that recomputes ``fn`` chunk by chunk.
+    """
+    inner, consts = _convert(fn, data, plan)
+
+    def body(c, r, segr):
+        return inner(c, r)
+
+    v_aval = jax.eval_shape(lambda c, d: _values(plan, body, c, d, _first_x(plan))[0], consts, data)
+    fshape = v_aval.shape[1:]
+
+    def forward(consts, data, plan):
+        def step(carry, x):
+            v, seg, mask = _values(plan, body, consts, data, x)
+            return monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask)), None
+
+        init = monoid.init(plan.num_segments, fshape, v_aval.dtype)
+        state, _ = lax.scan(step, init, plan.xs())
+        return state
+
+    @jax.custom_vjp
+    def run(consts, data, plan):
+        return monoid.finalize(forward(consts, data, plan))
+
+    def run_fwd(consts, data, plan):
+        consts, flags_c = _unwrap(consts)
+        data, flags_d = _unwrap(data)
+        plan, _ = _unwrap(plan)
+        state = forward(consts, data, plan)
+        res = (consts, data, plan, monoid.grad_info(state), _Static((tuple(flags_c), tuple(flags_d))))
+        return monoid.finalize(state), res
+
+    def run_bwd(res, g):
+        consts, data, plan, info, flags = res
+        flags_c, flags_d = flags.value
+        if isinstance(g, SymbolicZero) or not (any(flags_c) or any(flags_d)):
+            return (_nones(consts), _nones(data), _nones(plan))
+
+        def row_ct(x, v, seg, mask):
+            info_t = tuple(_take_slots(a, seg) for a in info)
+            ct = monoid.row_cotangent(_tiles(v, plan), mask, info_t, _take_slots(g, seg))
+            return ct.reshape(v.shape)
+
+        ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct)
+        return (ct_c, ct_d, _nones(plan))
+
+    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
+    return run(consts, data, plan)
+
+
+def map_rows(fn, extra, data, plan, out_of_range):
+    """One output per row: ``fn(rows, extra, segr)`` evaluated chunk by chunk into ``(N, *F)``.
+
+    ``extra`` is a pytree of arrays (e.g. per-segment log-sum-exps) that ``fn`` reads by the row
+    segment ids ``segr``; rows in no segment get ``out_of_range``. Custom VJP: the backward pass
+    recomputes ``fn`` chunk by chunk; gradients flow to ``data``, ``extra`` and closed-over arrays.
+    """
+
+    def user(c, r):
+        return fn(r, c[0], c[1])
+
+    # Closure-convert with extra/segr passed explicitly.
+    rows_n = plan.group * plan.tile
+    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows_n, *a.shape[1:]), a.dtype), data)
+    seg_ex = jax.ShapeDtypeStruct((rows_n,), jnp.int32)
+    conv, hoisted = jax.closure_convert(lambda r, e, s: fn(r, e, s), example, extra, seg_ex)
+    consts = (extra, tuple(hoisted))
+    del user
+
+    def body(c, r, segr):
+        out = conv(r, c[0], segr, *c[1])
+        bad = segr >= plan.num_segments
+        return jnp.where(bad.reshape((-1,) + (1,) * (out.ndim - 1)), out_of_range, out)
+
+    o_aval = jax.eval_shape(lambda c, d: _values(plan, body, c, d, _first_x(plan))[0], consts, data)
+
+    def forward(consts, data, plan):
+        def step(buf, x):
+            v, _, mask = _values(plan, body, consts, data, x)
+            m = mask.reshape((-1,) + (1,) * (v.ndim - 1))
+            return plan.store_add(buf, x, jnp.where(m, v, jnp.zeros((), v.dtype))), None
+
+        buf = jnp.zeros((plan.n, *o_aval.shape[1:]), o_aval.dtype)
+        out, _ = lax.scan(step, buf, plan.xs())
+        return out
+
+    @jax.custom_vjp
+    def run(consts, data, plan):
+        return forward(consts, data, plan)
+
+    def run_fwd(consts, data, plan):
+        consts, flags_c = _unwrap(consts)
+        data, flags_d = _unwrap(data)
+        plan, _ = _unwrap(plan)
+        res = (consts, data, plan, _Static((tuple(flags_c), tuple(flags_d))))
+        return forward(consts, data, plan), res
+
+    def run_bwd(res, g):
+        consts, data, plan, flags = res
+        flags_c, flags_d = flags.value
+        if isinstance(g, SymbolicZero) or not (any(flags_c) or any(flags_d)):
+            return (_nones(consts), _nones(data), _nones(plan))
+
+        def row_ct(x, v, seg, mask):
+            (gr,), _, _ = plan.load((g,), x)
+            m = mask.reshape((-1,) + (1,) * (gr.ndim - 1))
+            return jnp.where(m, gr, jnp.zeros((), gr.dtype))
+
+        ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct)
+        return (ct_c, ct_d, _nones(plan))
+
+    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
+    return run(consts, data, plan)
+
+
+def _first_x(plan):
+    return jax.tree.map(lambda a: a[0], plan.xs())
+
+
+def _take_slots(a, seg):
+    return a[jnp.minimum(seg, a.shape[0] - 1)]
+
+
+def _nones(tree):
+    return jax.tree.map(lambda _: None, tree)
+
+
+__all__ = ["RowPlan", "TilePlan", "fold", "make_row_plan", "make_tile_plan", "map_rows"]
+_ = Callable

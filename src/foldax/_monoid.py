@@ -1,0 +1,286 @@
+"""Monoids: the reductions that the fold engine knows how to stream.
+
+A monoid describes one reduction as a small *state* per output slot (a tuple of arrays) with
+
+* ``init(num, feature_shape, dtype)``: the identity state, leading axis ``num``;
+* ``reduce(v, mask)``: the state of each tile, ``v`` of shape ``(G, T, *F)`` reduced over ``T``
+  where ``mask`` (``(G, T)`` bool) is true;
+* ``combine(a, b)``: merge two states elementwise (associative, commutative);
+* ``scatter(carry, seg, st)``: merge tile states ``st`` (``(G, *F)``) into the slots ``seg``
+  (``(G,)`` int, in ``[0, num]``; the value ``num`` means *drop*) of ``carry`` (``(num, *F)``);
+* ``finalize(state)``: the public result;
+* ``grad_info(state)``: the per-slot arrays the backward pass needs (e.g. the log-sum-exp itself);
+* ``row_cotangent(v, mask, info, g)``: for the custom VJP, the cotangent of every reduced value,
+  given ``grad_info`` and the output cotangent ``g`` gathered per tile (``(G, *F)``); exactly zero
+  where ``mask`` is false.
+
+A new reduction is a new monoid; the engine in :mod:`foldax._fold` never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def _expand(a, ndim):
+    """Append singleton axes to ``a`` until it has ``ndim`` dimensions."""
+    return a.reshape(a.shape + (1,) * (ndim - a.ndim))
+
+
+def _tile_mask(mask, v):
+    """Broadcast a ``(G, T)`` mask against values ``(G, T, *F)``."""
+    return _expand(mask, v.ndim)
+
+
+def _finite_or_zero(m):
+    """The shift used by log-sum-exp states: the max where finite, else 0 (keeps exp NaN-free)."""
+    return jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
+
+
+def _scatter_add(num, seg, x):
+    """Sum rows of ``x`` into ``num`` slots by ``seg``; ``seg == num`` is dropped."""
+    return jnp.zeros((num,) + x.shape[1:], x.dtype).at[seg].add(x, mode="drop")
+
+
+def _take(a, seg):
+    """Gather slots ``seg`` of ``a``; a dropped index (``== len(a)``) reads a valid slot."""
+    return a[jnp.minimum(seg, a.shape[0] - 1)]
+
+
+def _lowest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -np.inf
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return False
+    return jnp.iinfo(dtype).min
+
+
+def _highest(dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.inf
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return True
+    return jnp.iinfo(dtype).max
+
+
+@dataclasses.dataclass(frozen=True)
+class Monoid:
+    """Base class; subclasses are stateless and hashable."""
+
+    name: str = "monoid"
+    #: kinds of value dtype this reduction accepts: "number" (int/float/complex), "real", "float".
+    accepts: str = "number"
+
+    def combine(self, a, b):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def check_dtype(self, fname, argname, dtype):
+        """Raise a TypeError naming ``fname`` if ``dtype`` is not a valid value dtype."""
+        ok = {
+            "number": jnp.issubdtype(dtype, jnp.number),
+            "real": jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating),
+            "float": jnp.issubdtype(dtype, jnp.floating),
+        }[self.accepts]
+        if not ok:
+            want = {
+                "number": "a numeric dtype",
+                "real": "an integer or real floating dtype",
+                "float": "a real floating dtype (float16/bfloat16/float32/float64)",
+            }[self.accepts]
+            raise TypeError(
+                f"{fname}: the values reduced ({argname}) have dtype {dtype}, but this reduction "
+                f"needs {want}; cast with .astype(jnp.float32) first."
+            )
+
+
+class Sum(Monoid):
+    def __init__(self):
+        super().__init__("sum", "number")
+
+    def init(self, num, fshape, dtype):
+        return (jnp.zeros((num, *fshape), dtype),)
+
+    def reduce(self, v, mask):
+        return (jnp.sum(jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype)), axis=1),)
+
+    def combine(self, a, b):
+        return (a[0] + b[0],)
+
+    def scatter(self, carry, seg, st):
+        return (carry[0] + _scatter_add(carry[0].shape[0], seg, st[0]),)
+
+    def finalize(self, st):
+        return st[0]
+
+    def grad_info(self, st):
+        return ()
+
+    def row_cotangent(self, v, mask, info, g):
+        ct = jnp.broadcast_to(g[:, None], v.shape)
+        return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
+
+
+class Mean(Monoid):
+    """State: (sum, count). The count is per segment (no feature axes), int32."""
+
+    def __init__(self):
+        super().__init__("mean", "float")
+
+    def init(self, num, fshape, dtype):
+        return (jnp.zeros((num, *fshape), dtype), jnp.zeros((num,), jnp.int32))
+
+    def reduce(self, v, mask):
+        s = jnp.sum(jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype)), axis=1)
+        return (s, jnp.sum(mask, axis=1, dtype=jnp.int32))
+
+    def combine(self, a, b):
+        return (a[0] + b[0], a[1] + b[1])
+
+    def scatter(self, carry, seg, st):
+        n = carry[0].shape[0]
+        return (carry[0] + _scatter_add(n, seg, st[0]), carry[1] + _scatter_add(n, seg, st[1]))
+
+    def finalize(self, st):
+        s, c = st
+        return s / _expand(c, s.ndim).astype(s.dtype)
+
+    def grad_info(self, st):
+        return (_expand(st[1], st[0].ndim).astype(st[0].dtype),)
+
+    def row_cotangent(self, v, mask, info, g):
+        (count,) = info
+        ct = jnp.broadcast_to((g / jnp.maximum(count, 1))[:, None], v.shape)
+        return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
+
+
+class _Extremum(Monoid):
+    """Max or min, with the number of rows attaining it (so the gradient splits ties evenly)."""
+
+    def __init__(self, name, is_max):
+        super().__init__(name, "real")
+        object.__setattr__(self, "is_max", is_max)
+
+    def _identity(self, dtype):
+        return _lowest(dtype) if self.is_max else _highest(dtype)
+
+    def _better(self, a, b):
+        return jnp.maximum(a, b) if self.is_max else jnp.minimum(a, b)
+
+    def init(self, num, fshape, dtype):
+        return (
+            jnp.full((num, *fshape), self._identity(dtype), dtype),
+            jnp.zeros((num, *fshape), jnp.int32),
+        )
+
+    def reduce(self, v, mask):
+        w = jnp.where(_tile_mask(mask, v), v, jnp.asarray(self._identity(v.dtype), v.dtype))
+        m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        hit = (w == m[:, None]) & _tile_mask(mask, v)
+        return (m, jnp.sum(hit, axis=1, dtype=jnp.int32))
+
+    def combine(self, a, b):
+        m = self._better(a[0], b[0])
+        c = jnp.where(a[0] == m, a[1], 0) + jnp.where(b[0] == m, b[1], 0)
+        return (m, c)
+
+    def scatter(self, carry, seg, st):
+        cm, cc = carry
+        tm, tc = st
+        m = cm.at[seg].max(tm, mode="drop") if self.is_max else cm.at[seg].min(tm, mode="drop")
+        won = tm == _take(m, seg)
+        c = jnp.where(cm == m, cc, 0) + _scatter_add(m.shape[0], seg, jnp.where(won, tc, 0))
+        return (m, c)
+
+    def finalize(self, st):
+        return st[0]
+
+    def grad_info(self, st):
+        return (st[0], st[1])
+
+    def row_cotangent(self, v, mask, info, g):
+        m, c = info
+        hit = (v == m[:, None]) & _tile_mask(mask, v)
+        share = g / jnp.maximum(c, 1).astype(g.dtype)
+        ct = jnp.broadcast_to(share[:, None], v.shape)
+        return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
+
+
+class Max(_Extremum):
+    def __init__(self):
+        super().__init__("max", True)
+
+
+class Min(_Extremum):
+    def __init__(self):
+        super().__init__("min", False)
+
+
+class LogSumExp(Monoid):
+    """State ``(m, s)``: the running max and ``sum(exp(x - shift(m)))``, ``shift(m) = m`` if finite else 0.
+
+    With ``mean=True`` a row count is carried too and the result is ``log(mean(exp(x)))``.
+    """
+
+    def __init__(self, mean=False):
+        super().__init__("logmeanexp" if mean else "logsumexp", "float")
+        object.__setattr__(self, "mean", mean)
+
+    def init(self, num, fshape, dtype):
+        st = (jnp.full((num, *fshape), -np.inf, dtype), jnp.zeros((num, *fshape), dtype))
+        return (*st, jnp.zeros((num,), jnp.int32)) if self.mean else st
+
+    def reduce(self, v, mask):
+        w = jnp.where(_tile_mask(mask, v), v, jnp.asarray(-np.inf, v.dtype))
+        m = jnp.max(w, axis=1)
+        s = jnp.sum(jnp.exp(w - _finite_or_zero(m)[:, None]), axis=1)
+        if self.mean:
+            return (m, s, jnp.sum(mask, axis=1, dtype=jnp.int32))
+        return (m, s)
+
+    def combine(self, a, b):
+        m = jnp.maximum(a[0], b[0])
+        sh = _finite_or_zero(m)
+        s = a[1] * jnp.exp(_finite_or_zero(a[0]) - sh) + b[1] * jnp.exp(_finite_or_zero(b[0]) - sh)
+        return (m, s, a[2] + b[2]) if self.mean else (m, s)
+
+    def scatter(self, carry, seg, st):
+        cm, cs = carry[0], carry[1]
+        tm, ts = st[0], st[1]
+        m = cm.at[seg].max(tm, mode="drop")
+        sh = _finite_or_zero(m)
+        s = cs * jnp.exp(_finite_or_zero(cm) - sh)
+        s = s + _scatter_add(m.shape[0], seg, ts * jnp.exp(_finite_or_zero(tm) - _take(sh, seg)))
+        if self.mean:
+            return (m, s, carry[2] + _scatter_add(m.shape[0], seg, st[2]))
+        return (m, s)
+
+    def finalize(self, st):
+        out = _finite_or_zero(st[0]) + jnp.log(st[1])
+        if self.mean:
+            out = out - jnp.log(_expand(st[2], out.ndim).astype(out.dtype))
+        return out
+
+    def grad_info(self, st):
+        # d out / d x = exp(x - logsumexp) in both cases (the log-count is a constant).
+        lse = _finite_or_zero(st[0]) + jnp.log(st[1])
+        return (lse,)
+
+    def row_cotangent(self, v, mask, info, g):
+        (lse,) = info
+        lse_t = lse[:, None]
+        ok = _tile_mask(mask, v) & (lse_t > -np.inf)
+        w = jnp.exp(jnp.where(ok, v - lse_t, jnp.asarray(-np.inf, v.dtype)))
+        return g[:, None] * w
+
+
+SUM = Sum()
+MEAN = Mean()
+MAX = Max()
+MIN = Min()
+LOGSUMEXP = LogSumExp()
+LOGMEANEXP = LogSumExp(mean=True)
+
+__all__ = ["LOGMEANEXP", "LOGSUMEXP", "MAX", "MEAN", "MIN", "SUM", "Monoid"]

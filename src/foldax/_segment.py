@@ -1,0 +1,448 @@
+"""Segment (ragged) reductions, compatible with ``jax.ops.segment_*``, that never materialize.
+
+All public functions here are thin wrappers over :func:`_segment_reduce` /
+:func:`_segment_normalize`, which receive the public name so that every error names the function
+the user called.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _fold
+from ._monoid import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM, Monoid
+
+if TYPE_CHECKING:
+    from jaxtyping import Array, ArrayLike, Int
+
+#: Rows per step when ``chunk_size`` is not given is chosen so that one step's rows and values
+#: take about this many bytes (see :func:`_default_chunk`).
+CHUNK_BYTES = 1 << 20
+MIN_CHUNK, MAX_CHUNK = 256, 1 << 18
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _static_int_array(x):
+    """``x`` as a NumPy array if it is known at trace time (not a tracer), else ``None``."""
+    if _is_tracer(x):
+        return None
+    return np.asarray(x)
+
+
+def _check_int_dtype(name, argname, dtype):
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(
+            f"{name}: {argname} must have an integer dtype, got {dtype}; "
+            f"convert with .astype(jnp.int32)."
+        )
+
+
+def _num_rows(name, data) -> int:
+    leaves = jax.tree.leaves(data)
+    if not leaves:
+        raise TypeError(f"{name}: data is an empty pytree; pass an array or a pytree of arrays.")
+    shapes = [jnp.shape(x) for x in leaves]
+    if any(len(s) == 0 for s in shapes):
+        raise ValueError(
+            f"{name}: data must have a leading axis to reduce over, got a scalar; "
+            f"reshape it to (N, ...)."
+        )
+    n = shapes[0][0]
+    if any(s[0] != n for s in shapes):
+        raise ValueError(
+            f"{name}: every leaf of data must have the same leading size N, got {[s[0] for s in shapes]}."
+        )
+    return n
+
+
+def _chunk(name, chunk_size, data, fn, n) -> int:
+    if chunk_size is not None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer):
+            raise TypeError(
+                f"{name}: chunk_size must be a Python int (static), got {type(chunk_size).__name__}."
+            )
+        if chunk_size <= 0:
+            raise ValueError(f"{name}: chunk_size must be positive, got {chunk_size}.")
+        return int(chunk_size)
+    return _default_chunk(data, fn)
+
+
+def _default_chunk(data, fn) -> int:
+    """Rows per step so that a step's rows plus values take about :data:`CHUNK_BYTES`."""
+    row_bytes = sum(
+        int(np.prod(jnp.shape(x)[1:], dtype=np.int64)) * jnp.result_type(x).itemsize
+        for x in jax.tree.leaves(data)
+    )
+    if fn is not None:
+        # fn's intermediates and an outer vmap's batch are invisible here: budget for them.
+        row_bytes = 4 * row_bytes + 64
+    rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
+    rows = 1 << int(np.log2(rows))
+    return int(min(max(rows, MIN_CHUNK), MAX_CHUNK))
+
+
+def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, chunk):
+    """Validate the partition arguments and build the fold plan."""
+    given = [
+        k
+        for k, v in (("segment_ids", segment_ids), ("sizes", sizes), ("offsets", offsets))
+        if v is not None
+    ]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(given)
+        raise ValueError(
+            f"{name}: describe the partition with exactly one of segment_ids, sizes or offsets "
+            f"(got {what})."
+        )
+    if num_segments is not None:
+        try:
+            num_segments = operator.index(num_segments)
+        except TypeError:
+            raise TypeError(
+                f"{name}: num_segments must be a static Python int, got {type(num_segments).__name__}; "
+                f"under jit mark it static (static_argnames) or pass it as a literal."
+            ) from None
+        if num_segments < 0:
+            raise ValueError(f"{name}: num_segments must be >= 0, got {num_segments}.")
+
+    if segment_ids is not None:
+        return _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, chunk)
+
+    if sizes is not None:
+        arg, x = "sizes", sizes
+    else:
+        arg, x = "offsets", offsets
+    if isinstance(x, list | tuple) and not all(
+        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in x
+    ):
+        raise TypeError(f"{name}: {arg} must contain Python ints, got {x!r:.80}.")
+    dtype = jnp.result_type(np.asarray(x) if isinstance(x, list | tuple) and x else x)
+    if isinstance(x, list | tuple) and not x:
+        dtype = np.dtype(np.int64)
+    _check_int_dtype(name, arg, dtype)
+    if np.ndim(x) != 1:
+        raise ValueError(f"{name}: {arg} must be one-dimensional, got shape {np.shape(x)}.")
+    count = np.shape(x)[0] - (1 if arg == "offsets" else 0)
+    if arg == "offsets" and count < 0:
+        raise ValueError(f"{name}: offsets must hold at least one entry (0 and N for one segment).")
+    if num_segments is not None and num_segments != count:
+        raise ValueError(
+            f"{name}: num_segments={num_segments} disagrees with the {count} segments that "
+            f"{arg} describes; leave num_segments out."
+        )
+    static = _static_int_array(x)
+    if static is not None:
+        static = static.astype(np.int64)
+        if arg == "sizes":
+            if np.any(static < 0):
+                bad = int(np.flatnonzero(static < 0)[0])
+                raise ValueError(
+                    f"{name}: sizes must be >= 0, but sizes[{bad}] = {static[bad]}."
+                )
+            if int(static.sum()) != n:
+                raise ValueError(
+                    f"{name}: sizes sum to {int(static.sum())} but data has N = {n} rows; "
+                    f"the segments must cover the leading axis exactly."
+                )
+            sz = static
+            off = np.concatenate([[0], np.cumsum(sz)[:-1]]).astype(np.int64)
+        else:
+            if static[0] != 0 or static[-1] != n:
+                raise ValueError(
+                    f"{name}: offsets must start at 0 and end at N = {n}, got "
+                    f"{static[0]} ... {static[-1]}."
+                )
+            if np.any(np.diff(static) < 0):
+                bad = int(np.flatnonzero(np.diff(static) < 0)[0])
+                raise ValueError(
+                    f"{name}: offsets must be non-decreasing, but offsets[{bad}] = "
+                    f"{static[bad]} > offsets[{bad + 1}] = {static[bad + 1]}."
+                )
+            sz = np.diff(static)
+            off = static[:-1]
+        return _tile_plan(n, sz, off, count, chunk)
+    # Traced: values cannot be checked at trace time (documented).
+    x = jnp.asarray(x).astype(jnp.int32)
+    if arg == "sizes":
+        sz = x
+        off = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sz)[:-1]])
+    else:
+        sz = jnp.diff(x)
+        off = x[:-1]
+    return _tile_plan(n, sz, off, count, chunk)
+
+
+def _tile_plan(n, sizes, offsets, count, chunk):
+    if count == 0 or n == 0:
+        return _EmptyPlan(n, count)
+    return _fold.make_tile_plan(n, sizes, offsets, count, chunk)
+
+
+def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, chunk):
+    _check_int_dtype(name, "segment_ids", jnp.result_type(segment_ids))
+    if jnp.shape(segment_ids) != (n,):
+        raise ValueError(
+            f"{name}: segment_ids must have shape (N,) = ({n},) to match data, got "
+            f"{jnp.shape(segment_ids)}."
+        )
+    static = _static_int_array(segment_ids)
+    if num_segments is None:
+        if static is None:
+            raise ValueError(
+                f"{name}: num_segments is required when segment_ids is traced (under jit, vmap "
+                f"or grad); pass it as a static int."
+            )
+        num_segments = int(static.max()) + 1 if static.size else 0
+    if num_segments == 0 or n == 0:
+        return _EmptyPlan(n, num_segments)
+    if static is not None and (static.size < 2 or np.all(np.diff(static) >= 0)):
+        # Known and sorted: contiguous segments, the fast tiled path.
+        bounds = np.searchsorted(static, np.arange(num_segments + 1), side="left")
+        return _fold.make_tile_plan(n, np.diff(bounds), bounds[:-1], num_segments, chunk)
+    if indices_are_sorted and static is None:
+        ids = jnp.asarray(segment_ids)
+        bounds = jnp.searchsorted(ids, jnp.arange(num_segments + 1, dtype=ids.dtype), side="left")
+        bounds = bounds.astype(jnp.int32)
+        return _fold.make_tile_plan(n, jnp.diff(bounds), bounds[:-1], num_segments, chunk)
+    return _fold.make_row_plan(n, jnp.asarray(segment_ids), num_segments, chunk)
+
+
+class _EmptyPlan:
+    """No rows or no segments: the result is the monoid's identity, no loop needed."""
+
+    def __init__(self, n, num_segments):
+        self.n, self.num_segments = n, num_segments
+
+
+def _value_aval(name, data, fn, n):
+    """Shape/dtype of the values reduced per row, checking what ``fn`` returns."""
+    if fn is None:
+        if not isinstance(data, jax.Array | np.ndarray | np.generic) and not hasattr(data, "shape"):
+            if len(jax.tree.leaves(data)) != 1 or jax.tree.structure(data).num_nodes != 1:
+                raise TypeError(
+                    f"{name}: data is a pytree; pass fn= to map a chunk of rows to one array "
+                    f"of values (leading axis = rows)."
+                )
+        return jax.ShapeDtypeStruct(jnp.shape(data), jnp.result_type(data))
+    if not callable(fn):
+        raise TypeError(f"{name}: fn must be callable, got {type(fn).__name__}.")
+    probe = min(n, 8) if n else 0
+    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct((probe, *jnp.shape(a)[1:]), jnp.result_type(a)), data)
+    out = jax.eval_shape(fn, example)
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        raise TypeError(
+            f"{name}: fn must return one array of values per row, got a {type(out).__name__}."
+        )
+    if out.ndim == 0 or out.shape[0] != probe:
+        raise ValueError(
+            f"{name}: fn must map a chunk of C rows to values with leading axis C; given {probe} "
+            f"rows it returned shape {out.shape}. Make fn act row-wise (e.g. jax.vmap it)."
+        )
+    return jax.ShapeDtypeStruct((n, *out.shape[1:]), out.dtype)
+
+
+def _prepare(name, monoid, data, segment_ids, num_segments, sizes, offsets, fn, chunk_size,
+             indices_are_sorted):
+    if fn is None and not hasattr(data, "shape"):
+        data = jnp.asarray(data) if isinstance(data, list | tuple | float | int) else data
+    n = _num_rows(name, data)
+    aval = _value_aval(name, data, fn, n)
+    monoid.check_dtype(name, "fn(data)" if fn is not None else "data", aval.dtype)
+    chunk = _chunk(name, chunk_size, data, fn, n)
+    plan = _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, chunk)
+    return data, aval, plan
+
+
+def _segment_reduce(name, monoid: Monoid, data, segment_ids, num_segments, sizes, offsets, fn,
+                    chunk_size, indices_are_sorted):
+    data, aval, plan = _prepare(name, monoid, data, segment_ids, num_segments, sizes, offsets, fn,
+                                chunk_size, indices_are_sorted)
+    if isinstance(plan, _EmptyPlan):
+        state = monoid.init(plan.num_segments, aval.shape[1:], aval.dtype)
+        return monoid.finalize(state)
+    return _fold.fold(monoid, fn, data, plan)
+
+
+def _segment_normalize(name, log: bool, data, segment_ids, num_segments, sizes, offsets, fn,
+                       chunk_size, indices_are_sorted):
+    data, aval, plan = _prepare(name, LOGSUMEXP, data, segment_ids, num_segments, sizes, offsets,
+                                fn, chunk_size, indices_are_sorted)
+    if isinstance(plan, _EmptyPlan):
+        return jnp.full(aval.shape, np.nan, aval.dtype)
+    lse = _fold.fold(LOGSUMEXP, fn, data, plan)
+    S = plan.num_segments
+
+    def per_row(rows, lse, segr):
+        v = rows if fn is None else fn(rows)
+        z = v - lse[jnp.minimum(segr, S - 1)]
+        return z if log else jnp.exp(z)
+
+    return _fold.map_rows(per_row, lse, data, plan, out_of_range=np.nan)
+
+
+_PARTITION_DOC = """
+    Args:
+      data: array ``(N, ...)``, or a pytree of arrays sharing the leading axis ``N`` when ``fn``
+        is given. Reduced over its leading axis.
+      segment_ids: int array ``(N,)``: the segment of every row. Ids outside
+        ``[0, num_segments)`` are dropped, as in ``jax.ops``. Sorted ids (``indices_are_sorted``
+        or known at trace time) take the fast contiguous path.
+      num_segments: static int. Required with traced ``segment_ids``; implied by ``sizes`` /
+        ``offsets``.
+      sizes: contiguous segments given by their sizes ``(S,)``, summing to ``N``. Python ints /
+        NumPy (static, validated) or an int array (traced, with static length; not validated).
+      offsets: contiguous segments given by their ``S + 1`` boundaries ``0 = o_0 <= ... <= o_S = N``
+        (static or traced, like ``sizes``).
+      fn: optional callable mapping a chunk of rows (same pytree as ``data``, leading axis ``C``)
+        to values ``(C, ...)``; it must act row-wise. It may close over arrays (e.g. model
+        parameters); gradients flow to them. ``fn(data)`` is never materialized whole.
+      chunk_size: static int, rows per step of the streamed loop (default: about 1 MiB of rows
+        and values per step).
+      indices_are_sorted: whether traced ``segment_ids`` are sorted (enables the contiguous path).
+"""
+
+
+def _doc(summary, math, returns, empty, example, bwd):
+    return f"""{summary}
+
+    {math}
+{_PARTITION_DOC}
+    Returns:
+      {returns}
+
+    Numerics: {empty}
+
+    Memory: forward temp memory is ``O(chunk_size)``, independent of ``N``; {bwd}
+
+    Example:
+{example}
+    """
+
+
+def segment_sum(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_reduce("foldax.segment_sum", SUM, data, segment_ids, num_segments, sizes,
+                           offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_mean(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_reduce("foldax.segment_mean", MEAN, data, segment_ids, num_segments, sizes,
+                           offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_max(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_reduce("foldax.segment_max", MAX, data, segment_ids, num_segments, sizes,
+                           offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_min(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_reduce("foldax.segment_min", MIN, data, segment_ids, num_segments, sizes,
+                           offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_logsumexp(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_reduce("foldax.segment_logsumexp", LOGSUMEXP, data, segment_ids,
+                           num_segments, sizes, offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_logmeanexp(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_reduce("foldax.segment_logmeanexp", LOGMEANEXP, data, segment_ids,
+                           num_segments, sizes, offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_log_softmax(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_normalize("foldax.segment_log_softmax", True, data, segment_ids,
+                              num_segments, sizes, offsets, fn, chunk_size, indices_are_sorted)
+
+
+def segment_softmax(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    indices_are_sorted: bool = False,
+) -> Array:
+    return _segment_normalize("foldax.segment_softmax", False, data, segment_ids, num_segments,
+                              sizes, offsets, fn, chunk_size, indices_are_sorted)
