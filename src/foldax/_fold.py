@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -376,63 +375,96 @@ def fold(monoid, fn, data, plan):
     return run(consts, data, plan)
 
 
-def map_rows(fn, extra, data, plan, out_of_range):
-    """One output per row: ``fn(rows, extra, segr)`` evaluated chunk by chunk into ``(N, *F)``.
+def _rows_of(a, seg, plan):
+    """Per-slot values ``a`` ``(S, *F)`` read for every row of a step: ``(G*T, *F)``."""
+    t = _take_slots(a, seg)
+    full = (plan.group, plan.tile, *t.shape[1:])
+    return jnp.broadcast_to(t[:, None], full).reshape((plan.group * plan.tile, *t.shape[1:]))
 
-    ``extra`` is a pytree of arrays (e.g. per-segment log-sum-exps) that ``fn`` reads by the row
-    segment ids ``segr``; rows in no segment get ``out_of_range``. Custom VJP: the backward pass
-    recomputes ``fn`` chunk by chunk; gradients flow to ``data``, ``extra`` and closed-over arrays.
+
+def _row_mask(mask, v):
+    return mask.reshape((-1,) + (1,) * (v.ndim - 1))
+
+
+def normalize(fn, data, plan, log):
+    """Per-row ``fn(rows) - logsumexp_segment`` (``log``) or its ``exp`` (a segment softmax).
+
+    Forward: a log-sum-exp fold, then a streamed pass writing the ``(N, *F)`` result; rows in no
+    segment get NaN. Custom VJP: the residuals are the inputs and the ``(S, *F)`` log-sum-exps;
+    the backward pass folds the per-segment sum of ``g`` (log-softmax) or ``g * y`` (softmax),
+    then pulls the row cotangents ``g - y * sum`` / ``y * (g - sum)`` back through a recomputed
+    ``fn``, chunk by chunk. Only one ``(N, ...)`` buffer per differentiated input is written.
     """
+    from ._monoid import LOGSUMEXP, SUM
 
-    def user(c, r):
-        return fn(r, c[0], c[1])
-
-    # Closure-convert with extra/segr passed explicitly.
-    rows_n = plan.group * plan.tile
-    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows_n, *a.shape[1:]), a.dtype), data)
-    seg_ex = jax.ShapeDtypeStruct((rows_n,), jnp.int32)
-    conv, hoisted = jax.closure_convert(lambda r, e, s: fn(r, e, s), example, extra, seg_ex)
-    consts = (extra, tuple(hoisted))
-    del user
+    inner, consts = _convert(fn, data, plan)
+    num = plan.num_segments
 
     def body(c, r, segr):
-        out = conv(r, c[0], segr, *c[1])
-        bad = segr >= plan.num_segments
-        return jnp.where(bad.reshape((-1,) + (1,) * (out.ndim - 1)), out_of_range, out)
+        return inner(c, r)
 
-    o_aval = jax.eval_shape(lambda c, d: _values(plan, body, c, d, _first_x(plan))[0], consts, data)
+    v_aval = jax.eval_shape(lambda c, d: _values(plan, body, c, d, _first_x(plan))[0], consts, data)
+
+    def reduce(monoid, body, consts, data, plan, fshape, dtype):
+        def step(carry, x):
+            v, seg, mask = _values(plan, body, consts, data, x)
+            return monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask)), None
+
+        state, _ = lax.scan(step, monoid.init(num, fshape, dtype), plan.xs())
+        return monoid.finalize(state)
+
+    def probs(v, lse_r, segr, take_log):
+        z = v - lse_r
+        z = z if take_log else jnp.exp(z)
+        bad = _row_mask(segr >= num, z)
+        return jnp.where(bad, jnp.asarray(np.nan, z.dtype), z)
 
     def forward(consts, data, plan):
-        def step(buf, x):
-            v, _, mask = _values(plan, body, consts, data, x)
-            m = mask.reshape((-1,) + (1,) * (v.ndim - 1))
-            return plan.store_add(buf, x, jnp.where(m, v, jnp.zeros((), v.dtype))), None
+        lse = reduce(LOGSUMEXP, body, consts, data, plan, v_aval.shape[1:], v_aval.dtype)
 
-        buf = jnp.zeros((plan.n, *o_aval.shape[1:]), o_aval.dtype)
-        out, _ = lax.scan(step, buf, plan.xs())
-        return out
+        def step(buf, x):
+            v, seg, mask = _values(plan, body, consts, data, x)
+            out = probs(v, _rows_of(lse, seg, plan), _per_row(seg, plan), log)
+            return plan.store_add(buf, x, jnp.where(_row_mask(mask.reshape(-1), out), out, 0)), None
+
+        buf, _ = lax.scan(step, jnp.zeros((plan.n, *v_aval.shape[1:]), v_aval.dtype), plan.xs())
+        return buf, lse
 
     @jax.custom_vjp
     def run(consts, data, plan):
-        return forward(consts, data, plan)
+        return forward(consts, data, plan)[0]
 
     def run_fwd(consts, data, plan):
         consts, flags_c = _unwrap(consts)
         data, flags_d = _unwrap(data)
         plan, _ = _unwrap(plan)
-        res = (consts, data, plan, _Static((tuple(flags_c), tuple(flags_d))))
-        return forward(consts, data, plan), res
+        out, lse = forward(consts, data, plan)
+        return out, (consts, data, plan, lse, _Static((tuple(flags_c), tuple(flags_d))))
 
     def run_bwd(res, g):
-        consts, data, plan, flags = res
+        consts, data, plan, lse, flags = res
         flags_c, flags_d = flags.value
         if isinstance(g, SymbolicZero) or not (any(flags_c) or any(flags_d)):
             return (_nones(consts), _nones(data), _nones(plan))
 
+        def weighted(c, r_and_g, segr):
+            r, gr = r_and_g
+            if log:
+                return gr
+            v = body(c[0], r, segr)
+            y = probs(v, c[1][jnp.minimum(segr, num - 1)], segr, False)
+            return gr * jnp.where(jnp.isnan(y), jnp.zeros((), y.dtype), y)
+
+        tot = reduce(SUM, weighted, (consts, lse), (data, g), plan, v_aval.shape[1:], g.dtype)
+
         def row_ct(x, v, seg, mask):
             (gr,), _, _ = plan.load((g,), x)
-            m = mask.reshape((-1,) + (1,) * (gr.ndim - 1))
-            return jnp.where(m, gr, jnp.zeros((), gr.dtype))
+            segr = _per_row(seg, plan)
+            y = probs(v, _rows_of(lse, seg, plan), segr, False)
+            ok = _row_mask(mask.reshape(-1), v) & ~jnp.isnan(y)
+            t = _rows_of(tot, seg, plan)
+            ct = gr - y * t if log else y * (gr - t)
+            return jnp.where(ok, ct, jnp.zeros((), ct.dtype))
 
         ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct)
         return (ct_c, ct_d, _nones(plan))
@@ -453,5 +485,4 @@ def _nones(tree):
     return jax.tree.map(lambda _: None, tree)
 
 
-__all__ = ["RowPlan", "TilePlan", "fold", "make_row_plan", "make_tile_plan", "map_rows"]
-_ = Callable
+__all__ = ["RowPlan", "TilePlan", "fold", "make_row_plan", "make_tile_plan", "normalize"]

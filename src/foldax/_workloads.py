@@ -1,0 +1,194 @@
+"""The user workloads that started foldax, written three ways, shared by the demo and benchmarks.
+
+Seed 000 (JAX discussion #28046): a 1-D catalogue of N = 1,159,351 rows of 5 features in 123
+contiguous segments of unequal sizes; per segment ``logsumexp(f(theta, x)) - log(size)`` of a
+per-row model ``f``, ``vmap``-ed over a batch of ``theta`` by an outside library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from importlib import resources
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import memory
+from ._segment import segment_logsumexp
+
+FEATURES = 5
+
+
+def seed_sizes() -> list[int]:
+    """The 123 segment sizes of the seed report, shipped as package data."""
+    text = resources.files("foldax").joinpath("_data/seed_sizes.json").read_text()
+    return list(json.loads(text)["sizes"])
+
+
+def model(theta, x):
+    """The per-row model: a Gaussian log-density up to a constant, ``-|x - theta|^2 / 2``."""
+    return -0.5 * jnp.sum((x - theta) ** 2, axis=-1)
+
+
+def model_f64(theta, x):
+    return -0.5 * np.sum((x - theta) ** 2, axis=-1)
+
+
+@dataclasses.dataclass
+class SeedProblem:
+    x: jax.Array  # (N, 5) float32
+    thetas: jax.Array  # (B, 5) float32
+    sizes: list[int]
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+
+def seed_problem(repeat: int = 1, batch: int = 10, seed: int = 0) -> SeedProblem:
+    """The seed workload; ``repeat`` tiles the segment sizes (N x repeat rows)."""
+    sizes = seed_sizes() * repeat
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((sum(sizes), FEATURES), dtype=np.float32)
+    thetas = 0.5 * rng.standard_normal((batch, FEATURES), dtype=np.float32)
+    return SeedProblem(jnp.asarray(x), jnp.asarray(thetas), sizes)
+
+
+# --- three ways to compute per-segment logsumexp(f) - log(size), vmapped over theta ------------
+
+
+def way_slicing_loop(sizes):
+    """The report's code: materialize f, then one dynamic slice + logsumexp per segment."""
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+
+    def per_theta(theta, x):
+        v = model(theta, x)
+        outs = [
+            jax.nn.logsumexp(jax.lax.dynamic_slice_in_dim(v, s, n)) - np.log(n)
+            for s, n in zip(starts, sizes, strict=True)
+        ]
+        return jnp.stack(outs)
+
+    return per_theta
+
+
+def way_global_max(sizes):
+    """The maintainers' suggestion: one global max, then ``jax.ops.segment_sum`` of exp."""
+    ids = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    log_n = np.log(np.asarray(sizes, np.float32))
+
+    def per_theta(theta, x):
+        v = model(theta, x)
+        m = jax.lax.stop_gradient(jnp.max(v))
+        s = jax.ops.segment_sum(jnp.exp(v - m), ids, len(sizes), indices_are_sorted=True)
+        return m + jnp.log(s) - log_n
+
+    return per_theta
+
+
+def way_foldax(sizes, chunk_size=None):
+    """foldax: stream f over the rows, never materializing it, forward or backward."""
+    log_n = np.log(np.asarray(sizes, np.float32))
+
+    def per_theta(theta, x):
+        lse = segment_logsumexp(
+            x, sizes=sizes, fn=lambda rows: model(theta, rows), chunk_size=chunk_size
+        )
+        return lse - log_n
+
+    return per_theta
+
+
+WAYS = {
+    "slicing loop": way_slicing_loop,
+    "global-max segment_sum": way_global_max,
+    "foldax": way_foldax,
+}
+
+
+def forward_and_grad(per_theta):
+    """``(thetas, x) -> (B, S)`` per-segment values and ``(thetas, x) -> (B, 5)`` gradients."""
+    fwd = jax.vmap(per_theta, in_axes=(0, None))
+    grad = jax.vmap(jax.grad(lambda t, x: per_theta(t, x).sum()), in_axes=(0, None))
+    return fwd, grad
+
+
+def reference(problem: SeedProblem):
+    """Float64 NumPy reference: per-segment values ``(B, S)`` and gradients ``(B, 5)``."""
+    from math import fsum
+
+    x = np.asarray(problem.x, np.float64)
+    offs = np.concatenate([[0], np.cumsum(problem.sizes)])
+    vals, grads = [], []
+    for theta in np.asarray(problem.thetas, np.float64):
+        v = model_f64(theta, x)
+        row, g = [], np.zeros(FEATURES)
+        for i, n in enumerate(problem.sizes):
+            seg = v[offs[i] : offs[i + 1]]
+            m = seg.max()
+            w = np.exp(seg - m)
+            s = w.sum()
+            row.append(m + np.log(s) - np.log(n))
+            # d/dtheta of logsumexp = softmax-weighted mean of df/dtheta = (x - theta)
+            g += (w[:, None] * (x[offs[i] : offs[i + 1]] - theta)).sum(0) / s
+        vals.append(row)
+        grads.append(g)
+    del fsum
+    return np.array(vals), np.array(grads)
+
+
+def max_rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)))
+
+
+def median_time(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn(*args)`` in seconds, after ``warmup`` calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+@dataclasses.dataclass
+class Row:
+    way: str
+    pass_: str  # "forward" or "gradient"
+    temp_bytes: int
+    seconds: float | None
+    rel_err: float | None
+
+
+def measure_seed(
+    problem: SeedProblem,
+    ways=tuple(WAYS),
+    repeats: int = 5,
+    time_it: bool = True,
+    ref=None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Temp memory, median time and error of every way, forward and gradient, in one run."""
+    rows = []
+    for way in ways:
+        fwd, grad = forward_and_grad(WAYS[way](problem.sizes))
+        for pass_, fn, want in (
+            ("forward", fwd, None if ref is None else ref[0]),
+            ("gradient", grad, None if ref is None else ref[1]),
+        ):
+            if progress:
+                progress(f"{way} {pass_}")
+            rep = memory.report(fn, problem.thetas, problem.x)
+            jf = jax.jit(fn)
+            secs = median_time(jf, problem.thetas, problem.x, repeats=repeats) if time_it else None
+            err = None if want is None else max_rel_err(jf(problem.thetas, problem.x), want)
+            rows.append(Row(way, pass_, rep.temp_bytes, secs, err))
+    return rows

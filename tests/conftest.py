@@ -1,0 +1,42 @@
+"""Test configuration: strict dtype promotion everywhere and a seeded RNG per test.
+
+Every test that draws random data takes the ``rng`` fixture: a NumPy Generator seeded from the
+test's node id (so each test has its own, reproducible stream) xor ``FOLDAX_TEST_SEED`` (set it to
+explore other seeds). The seed is printed, so it appears in the captured output of a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Implicit promotions (e.g. float32 + float64 arrays) would hide dtype bugs in the library.
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+@pytest.fixture(autouse=True)
+def _strict_dtype_promotion():
+    with jax.numpy_dtype_promotion("strict"):
+        yield
+
+
+@pytest.fixture
+def seed(request) -> int:
+    base = int(os.environ.get("FOLDAX_TEST_SEED", "0"))
+    s = zlib.crc32(request.node.nodeid.encode()) ^ base
+    print(f"rng seed: {s} (node id {request.node.nodeid!r}, FOLDAX_TEST_SEED={base})")
+    request.node.user_properties.append(("rng_seed", s))
+    return s
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+    return np.random.default_rng(seed)
