@@ -86,20 +86,21 @@ class RowPlan:
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["starts", "segs", "lens"],
+    data_fields=["ends", "offsets", "sizes"],
     meta_fields=["n", "num_segments", "tile", "group", "steps"],
 )
 @dataclasses.dataclass(frozen=True)
 class TilePlan:
     """Walk contiguous segments as tiles of ``tile`` rows, ``group`` tiles per step.
 
-    ``starts``, ``segs``, ``lens`` have shape ``(steps, group)``: the first row, the segment and
-    the number of valid rows of every tile (padding tiles have ``seg == num_segments``, ``len 0``).
+    Segment ``s`` covers rows ``offsets[s] : offsets[s] + sizes[s]`` and tiles
+    ``ends[s] - ceil(sizes[s] / tile) : ends[s]``. The tiles of a step are computed inside the
+    step from these ``(S,)`` arrays, so nothing in the loop grows with ``N``.
     """
 
-    starts: Any
-    segs: Any
-    lens: Any
+    ends: Any
+    offsets: Any
+    sizes: Any
     n: int
     num_segments: int
     tile: int
@@ -107,27 +108,33 @@ class TilePlan:
     steps: int
 
     def xs(self):
-        return (self.starts, self.segs, self.lens)
+        return jnp.arange(self.steps, dtype=jnp.int32)
 
-    def _rows(self, x):
-        start, _, ln = x
+    def _schedule(self, i):
+        t = i * self.group + jnp.arange(self.group, dtype=jnp.int32)
+        return tile_schedule(jnp, self.ends, self.offsets, self.sizes, self.num_segments, self.tile, t)
+
+    def _rows(self, start, ln):
         actual = jnp.minimum(start, self.n - self.tile)  # clamp: never read past the end
         r = actual[:, None] + jnp.arange(self.tile, dtype=jnp.int32)
         mask = (r >= start[:, None]) & (r < (start + ln)[:, None])
         return actual, mask
 
-    def load(self, data, x):
-        actual, mask = self._rows(x)
+    def load(self, data, i):
+        """Rows ``(G*T, ...)``, tile segments ``(G,)`` (``num_segments`` = padding), mask ``(G, T)``."""
+        start, seg, ln = self._schedule(i)
+        actual, mask = self._rows(start, ln)
         t = self.tile
 
         def gather(a):
             tiles = jax.vmap(lambda s: lax.dynamic_slice_in_dim(a, s, t))(actual)
             return tiles.reshape((self.group * t,) + a.shape[1:])
 
-        return jax.tree.map(gather, data), x[1], mask
+        return jax.tree.map(gather, data), seg, mask
 
-    def store_add(self, buf, x, vals):
-        actual, _ = self._rows(x)
+    def store_add(self, buf, i, vals):
+        start, _, ln = self._schedule(i)
+        actual, _ = self._rows(start, ln)
         t = self.tile
         upd = vals.reshape((self.group, t) + vals.shape[1:])
         dnums = lax.ScatterDimensionNumbers(
@@ -140,25 +147,20 @@ class TilePlan:
         )
 
 
-def tile_schedule(xp, sizes, offsets, num_segments, tile, max_tiles):
-    """Cut contiguous segments into tiles. ``xp`` is ``numpy`` (static) or ``jax.numpy`` (traced).
+def tile_schedule(xp, ends, offsets, sizes, num_segments, tile, t):
+    """Tiles ``t`` of contiguous segments: ``(start, segment, valid rows)`` per tile.
 
-    Returns ``starts, segs, lens`` of length ``max_tiles`` (extra tiles are padding).
+    ``xp`` is ``numpy`` or ``jax.numpy``. Tiles past the last one get segment ``num_segments``.
     """
-    counts = (sizes + (tile - 1)) // tile
-    ends = xp.cumsum(counts)
-    t = xp.arange(max_tiles)
     seg = xp.searchsorted(ends, t, side="right")
     segc = xp.minimum(seg, num_segments - 1)
-    k = t - (ends[segc] - counts[segc])
-    starts = offsets[segc] + k * tile
-    lens = xp.clip(sizes[segc] - k * tile, 0, tile)
+    k = t - (ends[segc] - (sizes[segc] + (tile - 1)) // tile)
     valid = seg < num_segments
     i32 = xp.int32
     return (
-        xp.where(valid, starts, 0).astype(i32),
+        xp.where(valid, offsets[segc] + k * tile, 0).astype(i32),
         xp.where(valid, seg, num_segments).astype(i32),
-        xp.where(valid, lens, 0).astype(i32),
+        xp.where(valid, xp.clip(sizes[segc] - k * tile, 0, tile), 0).astype(i32),
     )
 
 
@@ -185,15 +187,13 @@ def make_tile_plan(n, sizes, offsets, num_segments, chunk):
     """A :class:`TilePlan` from contiguous ``sizes``/``offsets`` (NumPy = static, else traced)."""
     static = isinstance(sizes, np.ndarray)
     tile = choose_tile(n, sizes if static else None, num_segments, chunk)
-    group = max(1, chunk // tile)
-    if static:
-        num_tiles = int(np.sum(-(-sizes // tile)))
-    else:
-        num_tiles = n // tile + num_segments
-    steps = max(1, -(-num_tiles // group))
     xp = np if static else jnp
-    arrs = tile_schedule(xp, sizes, offsets, num_segments, tile, steps * group)
-    arrs = [jnp.asarray(a).reshape(steps, group) for a in arrs]
+    ends = xp.cumsum((sizes + (tile - 1)) // tile)
+    # Static sizes give the exact tile count; traced ones a bound (sum ceil(n/T) <= N/T + S).
+    num_tiles = int(ends[-1]) if static else n // tile + num_segments
+    group = max(1, min(chunk // tile, num_tiles))
+    steps = max(1, -(-num_tiles // group))
+    arrs = [jnp.asarray(a, jnp.int32) for a in (ends, offsets, sizes)]
     return TilePlan(*arrs, n=n, num_segments=num_segments, tile=tile, group=group, steps=steps)
 
 
