@@ -10,6 +10,7 @@ Memory is XLA's compiled temp-buffer estimate (``foldax.memory.report``), which 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import sys
@@ -87,7 +88,10 @@ def precomputed(n, segments, repeats, log):
     xs = np.asarray(x, np.float64)
     offs = np.concatenate([[0], np.cumsum(sizes)])
     want = np.array(
-        [np.log(np.exp(xs[a:b] - xs[a:b].max()).sum()) + xs[a:b].max() for a, b in zip(offs[:-1], offs[1:], strict=True)]
+        [
+            np.log(np.exp(xs[a:b] - xs[a:b].max()).sum()) + xs[a:b].max()
+            for a, b in itertools.pairwise(offs)
+        ]
     )
     err = w.max_rel_err(got, want)
     return out, err

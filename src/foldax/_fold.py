@@ -112,7 +112,9 @@ class TilePlan:
 
     def _schedule(self, i):
         t = i * self.group + jnp.arange(self.group, dtype=jnp.int32)
-        return tile_schedule(jnp, self.ends, self.offsets, self.sizes, self.num_segments, self.tile, t)
+        return tile_schedule(
+            jnp, self.ends, self.offsets, self.sizes, self.num_segments, self.tile, t
+        )
 
     def _rows(self, start, ln):
         actual = jnp.minimum(start, self.n - self.tile)  # clamp: never read past the end
@@ -128,7 +130,7 @@ class TilePlan:
 
         def gather(a):
             tiles = jax.vmap(lambda s: lax.dynamic_slice_in_dim(a, s, t))(actual)
-            return tiles.reshape((self.group * t,) + a.shape[1:])
+            return tiles.reshape((self.group * t, *a.shape[1:]))
 
         return jax.tree.map(gather, data), seg, mask
 
@@ -136,7 +138,7 @@ class TilePlan:
         start, _, ln = self._schedule(i)
         actual, _ = self._rows(start, ln)
         t = self.tile
-        upd = vals.reshape((self.group, t) + vals.shape[1:])
+        upd = vals.reshape((self.group, t, *vals.shape[1:]))
         dnums = lax.ScatterDimensionNumbers(
             update_window_dims=tuple(range(1, upd.ndim)),
             inserted_window_dims=(),
@@ -225,14 +227,19 @@ def _split(tree, flags):
 
 
 def _merge(diff, rest, treedef):
-    return jax.tree.unflatten(treedef, [d if r is None else r for d, r in zip(diff, rest, strict=True)])
+    return jax.tree.unflatten(
+        treedef, [d if r is None else r for d, r in zip(diff, rest, strict=True)]
+    )
 
 
 def _unwrap(tree):
     """Values and per-leaf ``perturbed`` flags of a ``symbolic_zeros`` custom-VJP primal."""
     leaves, treedef = jax.tree.flatten(tree)
     vals = [getattr(x, "value", x) for x in leaves]
-    flags = [bool(getattr(x, "perturbed", True)) and _is_diff(v) for x, v in zip(leaves, vals, strict=True)]
+    flags = [
+        bool(getattr(x, "perturbed", True)) and _is_diff(v)
+        for x, v in zip(leaves, vals, strict=True)
+    ]
     return jax.tree.unflatten(treedef, vals), flags
 
 
@@ -287,7 +294,6 @@ def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct):
     def step(carry, x):
         acc_c, bufs = carry
         rows, seg, mask = plan.load(data, x)
-        rows_l, _ = jax.tree.flatten(rows)
         rows_d, rows_r, _ = _split(rows, flags_d)
 
         def f(cs, ds):
@@ -305,7 +311,6 @@ def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct):
             plan.store_add(b, x, jnp.where(row_mask.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0))
             for b, g in zip(bufs, g_d, strict=True)
         ]
-        del rows_l
         return (acc_c, bufs), None
 
     init = ([jnp.zeros_like(c) for c in want_c], [jnp.zeros_like(d) for d in want_d])
@@ -354,7 +359,13 @@ def fold(monoid, fn, data, plan):
         data, flags_d = _unwrap(data)
         plan, _ = _unwrap(plan)
         state = forward(consts, data, plan)
-        res = (consts, data, plan, monoid.grad_info(state), _Static((tuple(flags_c), tuple(flags_d))))
+        res = (
+            consts,
+            data,
+            plan,
+            monoid.grad_info(state),
+            _Static((tuple(flags_c), tuple(flags_d))),
+        )
         return monoid.finalize(state), res
 
     def run_bwd(res, g):

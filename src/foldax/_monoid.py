@@ -42,7 +42,7 @@ def _finite_or_zero(m):
 
 def _scatter_add(num, seg, x):
     """Sum rows of ``x`` into ``num`` slots by ``seg``; ``seg == num`` is dropped."""
-    return jnp.zeros((num,) + x.shape[1:], x.dtype).at[seg].add(x, mode="drop")
+    return jnp.zeros((num, *x.shape[1:]), x.dtype).at[seg].add(x, mode="drop")
 
 
 def _take(a, seg):

@@ -148,9 +148,7 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
         if arg == "sizes":
             if np.any(static < 0):
                 bad = int(np.flatnonzero(static < 0)[0])
-                raise ValueError(
-                    f"{name}: sizes must be >= 0, but sizes[{bad}] = {static[bad]}."
-                )
+                raise ValueError(f"{name}: sizes must be >= 0, but sizes[{bad}] = {static[bad]}.")
             if int(static.sum()) != n:
                 raise ValueError(
                     f"{name}: sizes sum to {int(static.sum())} but data has N = {n} rows; "
@@ -229,17 +227,18 @@ class _EmptyPlan:
 def _value_aval(name, data, fn, n):
     """Shape/dtype of the values reduced per row, checking what ``fn`` returns."""
     if fn is None:
-        if not isinstance(data, jax.Array | np.ndarray | np.generic) and not hasattr(data, "shape"):
-            if len(jax.tree.leaves(data)) != 1 or jax.tree.structure(data).num_nodes != 1:
-                raise TypeError(
-                    f"{name}: data is a pytree; pass fn= to map a chunk of rows to one array "
-                    f"of values (leading axis = rows)."
-                )
+        if not hasattr(data, "shape") and jax.tree.structure(data).num_nodes != 1:
+            raise TypeError(
+                f"{name}: data is a pytree; pass fn= to map a chunk of rows to one array "
+                f"of values (leading axis = rows)."
+            )
         return jax.ShapeDtypeStruct(jnp.shape(data), jnp.result_type(data))
     if not callable(fn):
         raise TypeError(f"{name}: fn must be callable, got {type(fn).__name__}.")
     probe = min(n, 8) if n else 0
-    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct((probe, *jnp.shape(a)[1:]), jnp.result_type(a)), data)
+    example = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct((probe, *jnp.shape(a)[1:]), jnp.result_type(a)), data
+    )
     out = jax.eval_shape(fn, example)
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise TypeError(
@@ -253,8 +252,18 @@ def _value_aval(name, data, fn, n):
     return jax.ShapeDtypeStruct((n, *out.shape[1:]), out.dtype)
 
 
-def _prepare(name, monoid, data, segment_ids, num_segments, sizes, offsets, fn, chunk_size,
-             indices_are_sorted):
+def _prepare(
+    name,
+    monoid,
+    data,
+    segment_ids,
+    num_segments,
+    sizes,
+    offsets,
+    fn,
+    chunk_size,
+    indices_are_sorted,
+):
     if fn is None and not hasattr(data, "shape"):
         data = jnp.asarray(data) if isinstance(data, list | tuple | float | int) else data
     n = _num_rows(name, data)
@@ -265,20 +274,60 @@ def _prepare(name, monoid, data, segment_ids, num_segments, sizes, offsets, fn, 
     return data, aval, plan
 
 
-def _segment_reduce(name, monoid: Monoid, data, segment_ids, num_segments, sizes, offsets, fn,
-                    chunk_size, indices_are_sorted):
-    data, aval, plan = _prepare(name, monoid, data, segment_ids, num_segments, sizes, offsets, fn,
-                                chunk_size, indices_are_sorted)
+def _segment_reduce(
+    name,
+    monoid: Monoid,
+    data,
+    segment_ids,
+    num_segments,
+    sizes,
+    offsets,
+    fn,
+    chunk_size,
+    indices_are_sorted,
+):
+    data, aval, plan = _prepare(
+        name,
+        monoid,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
     if isinstance(plan, _EmptyPlan):
         state = monoid.init(plan.num_segments, aval.shape[1:], aval.dtype)
         return monoid.finalize(state)
     return _fold.fold(monoid, fn, data, plan)
 
 
-def _segment_normalize(name, log: bool, data, segment_ids, num_segments, sizes, offsets, fn,
-                       chunk_size, indices_are_sorted):
-    data, aval, plan = _prepare(name, LOGSUMEXP, data, segment_ids, num_segments, sizes, offsets,
-                                fn, chunk_size, indices_are_sorted)
+def _segment_normalize(
+    name,
+    log: bool,
+    data,
+    segment_ids,
+    num_segments,
+    sizes,
+    offsets,
+    fn,
+    chunk_size,
+    indices_are_sorted,
+):
+    data, aval, plan = _prepare(
+        name,
+        LOGSUMEXP,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
     if isinstance(plan, _EmptyPlan):
         return jnp.full(aval.shape, np.nan, aval.dtype)
     return _fold.normalize(fn, data, plan, log)
@@ -355,8 +404,18 @@ def segment_sum(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_reduce("foldax.segment_sum", SUM, data, segment_ids, num_segments, sizes,
-                           offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_reduce(
+        "foldax.segment_sum",
+        SUM,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_mean(
@@ -370,8 +429,18 @@ def segment_mean(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_reduce("foldax.segment_mean", MEAN, data, segment_ids, num_segments, sizes,
-                           offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_reduce(
+        "foldax.segment_mean",
+        MEAN,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_max(
@@ -385,8 +454,18 @@ def segment_max(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_reduce("foldax.segment_max", MAX, data, segment_ids, num_segments, sizes,
-                           offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_reduce(
+        "foldax.segment_max",
+        MAX,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_min(
@@ -400,8 +479,18 @@ def segment_min(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_reduce("foldax.segment_min", MIN, data, segment_ids, num_segments, sizes,
-                           offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_reduce(
+        "foldax.segment_min",
+        MIN,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_logsumexp(
@@ -415,8 +504,18 @@ def segment_logsumexp(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_reduce("foldax.segment_logsumexp", LOGSUMEXP, data, segment_ids,
-                           num_segments, sizes, offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_reduce(
+        "foldax.segment_logsumexp",
+        LOGSUMEXP,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_logmeanexp(
@@ -430,8 +529,18 @@ def segment_logmeanexp(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_reduce("foldax.segment_logmeanexp", LOGMEANEXP, data, segment_ids,
-                           num_segments, sizes, offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_reduce(
+        "foldax.segment_logmeanexp",
+        LOGMEANEXP,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_log_softmax(
@@ -445,8 +554,18 @@ def segment_log_softmax(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_normalize("foldax.segment_log_softmax", True, data, segment_ids,
-                              num_segments, sizes, offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_normalize(
+        "foldax.segment_log_softmax",
+        True,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 def segment_softmax(
@@ -460,8 +579,18 @@ def segment_softmax(
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
 ) -> Array:
-    return _segment_normalize("foldax.segment_softmax", False, data, segment_ids, num_segments,
-                              sizes, offsets, fn, chunk_size, indices_are_sorted)
+    return _segment_normalize(
+        "foldax.segment_softmax",
+        False,
+        data,
+        segment_ids,
+        num_segments,
+        sizes,
+        offsets,
+        fn,
+        chunk_size,
+        indices_are_sorted,
+    )
 
 
 _RED = "``(num_segments, *F)`` where ``F`` is the trailing shape of the values."
