@@ -77,6 +77,10 @@ class RowPlan:
         seg = jnp.where((ids >= 0) & (ids < self.num_segments), ids, self.num_segments)
         return rows, seg, own[:, None]
 
+    def blank(self, shape, dtype, fill):
+        """A zero buffer for per-row results (every row is visited, so ``fill`` is unused)."""
+        return jnp.zeros(shape, dtype)
+
     def store_add(self, buf, i, vals):
         """Add ``vals`` (``(C, ...)``, zero where not owned) into rows of ``buf`` read by step ``i``."""
         start = self._start(i)
@@ -133,6 +137,16 @@ class TilePlan:
             return tiles.reshape((self.group * t, *a.shape[1:]))
 
         return jax.tree.map(gather, data), seg, mask
+
+    def blank(self, shape, dtype, fill):
+        """A buffer for per-row results: 0 on rows in a segment, ``fill`` on rows in none.
+
+        Rows outside all segments (dropped ids before the first / after the last segment of
+        sorted ``segment_ids``) are in no tile and never written.
+        """
+        r = lax.broadcasted_iota(jnp.int32, shape, 0)
+        inside = (r >= self.offsets[0]) & (r < self.offsets[-1] + self.sizes[-1])
+        return jnp.where(inside, jnp.zeros((), dtype), jnp.asarray(fill, dtype))
 
     def store_add(self, buf, i, vals):
         start, _, ln = self._schedule(i)
@@ -373,6 +387,7 @@ def fold(monoid, fn, data, plan):
         flags_c, flags_d = flags.value
         if isinstance(g, SymbolicZero) or not (any(flags_c) or any(flags_d)):
             return (_nones(consts), _nones(data), _nones(plan))
+        g = jnp.asarray(g)
 
         def row_ct(x, v, seg, mask):
             info_t = tuple(_take_slots(a, seg) for a in info)
@@ -438,7 +453,8 @@ def normalize(fn, data, plan, log):
             out = probs(v, _rows_of(lse, seg, plan), _per_row(seg, plan), log)
             return plan.store_add(buf, x, jnp.where(_row_mask(mask.reshape(-1), out), out, 0)), None
 
-        buf, _ = lax.scan(step, jnp.zeros((plan.n, *v_aval.shape[1:]), v_aval.dtype), plan.xs())
+        init = plan.blank((plan.n, *v_aval.shape[1:]), v_aval.dtype, np.nan)
+        buf, _ = lax.scan(step, init, plan.xs())
         return buf, lse
 
     @jax.custom_vjp
@@ -457,6 +473,7 @@ def normalize(fn, data, plan, log):
         flags_c, flags_d = flags.value
         if isinstance(g, SymbolicZero) or not (any(flags_c) or any(flags_d)):
             return (_nones(consts), _nones(data), _nones(plan))
+        g = jnp.asarray(g)
 
         def weighted(c, r_and_g, segr):
             r, gr = r_and_g

@@ -40,6 +40,16 @@ def _finite_or_zero(m):
     return jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
 
 
+def _rescale(s, m_from, m_to):
+    """``s * exp(shift(m_from) - shift(m_to))``, exactly 0 where ``s`` is 0.
+
+    ``m_to >= m_from``, so the factor is at most 1 except when ``m_from`` is -inf (shift 0) and
+    ``m_to`` is a very negative finite max: there ``s`` is 0 and ``0 * inf`` must not become NaN.
+    """
+    f = jnp.exp(_finite_or_zero(m_from) - _finite_or_zero(m_to))
+    return jnp.where(s == 0, jnp.zeros((), s.dtype), s * f)
+
+
 def _scatter_add(num, seg, x):
     """Sum rows of ``x`` into ``num`` slots by ``seg``; ``seg == num`` is dropped."""
     return jnp.zeros((num, *x.shape[1:]), x.dtype).at[seg].add(x, mode="drop")
@@ -178,6 +188,9 @@ class _Extremum(Monoid):
     def reduce(self, v, mask):
         w = jnp.where(_tile_mask(mask, v), v, jnp.asarray(self._identity(v.dtype), v.dtype))
         m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            # XLA:CPU's vectorised reduce-max may drop NaN: propagate it explicitly.
+            m = jnp.where(jnp.any(jnp.isnan(w), axis=1), jnp.asarray(np.nan, v.dtype), m)
         hit = (w == m[:, None]) & _tile_mask(mask, v)
         return (m, jnp.sum(hit, axis=1, dtype=jnp.int32))
 
@@ -242,17 +255,14 @@ class LogSumExp(Monoid):
 
     def combine(self, a, b):
         m = jnp.maximum(a[0], b[0])
-        sh = _finite_or_zero(m)
-        s = a[1] * jnp.exp(_finite_or_zero(a[0]) - sh) + b[1] * jnp.exp(_finite_or_zero(b[0]) - sh)
+        s = _rescale(a[1], a[0], m) + _rescale(b[1], b[0], m)
         return (m, s, a[2] + b[2]) if self.mean else (m, s)
 
     def scatter(self, carry, seg, st):
         cm, cs = carry[0], carry[1]
         tm, ts = st[0], st[1]
         m = cm.at[seg].max(tm, mode="drop")
-        sh = _finite_or_zero(m)
-        s = cs * jnp.exp(_finite_or_zero(cm) - sh)
-        s = s + _scatter_add(m.shape[0], seg, ts * jnp.exp(_finite_or_zero(tm) - _take(sh, seg)))
+        s = _rescale(cs, cm, m) + _scatter_add(m.shape[0], seg, _rescale(ts, tm, _take(m, seg)))
         if self.mean:
             return (m, s, carry[2] + _scatter_add(m.shape[0], seg, st[2]))
         return (m, s)
