@@ -128,9 +128,9 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
         isinstance(v, int | np.integer) and not isinstance(v, bool) for v in x
     ):
         raise TypeError(f"{name}: {arg} must contain Python ints, got {x!r:.80}.")
-    dtype = jnp.result_type(np.asarray(x) if isinstance(x, list | tuple) and x else x)
-    if isinstance(x, list | tuple) and not x:
-        dtype = np.dtype(np.int64)
+    if isinstance(x, list | tuple):
+        x = np.asarray(x, dtype=np.int64)
+    dtype = jnp.result_type(x)
     _check_int_dtype(name, arg, dtype)
     if np.ndim(x) != 1:
         raise ValueError(f"{name}: {arg} must be one-dimensional, got shape {np.shape(x)}.")
