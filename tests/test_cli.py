@@ -33,7 +33,9 @@ def test_demo_runs_end_to_end():
     ).stdout
     for way in ("slicing loop", "global-max segment_sum", "foldax"):
         assert out.count(way) >= 2, out
-    rows = [line.split() for line in out.splitlines() if line.startswith("foldax ") and " ms " in line]
+    rows = [
+        line.split() for line in out.splitlines() if line.startswith("foldax ") and " ms " in line
+    ]
     assert len(rows) == 2, out
     for row in rows:
         assert float(row[-1]) < 1e-4, out  # max relative error against float64

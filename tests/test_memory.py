@@ -148,4 +148,7 @@ def test_seed_workload_memory_flat_at_10x(seed_memory):
     assert fx10_f <= 1.1 * fx_f, seed_memory
     assert fx10_b <= 1.1 * fx_b, seed_memory
     # ... while the global-max version grows linearly
-    assert seed_memory[10, "global-max segment_sum"][0] > 9 * seed_memory[1, "global-max segment_sum"][0]
+    assert (
+        seed_memory[10, "global-max segment_sum"][0]
+        > 9 * seed_memory[1, "global-max segment_sum"][0]
+    )
