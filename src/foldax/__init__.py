@@ -6,6 +6,7 @@ streamed fold. See the README and ``docs/`` for the story; ``foldax.memory`` mea
 """
 
 from . import memory as memory
+from ._pairwise import pairwise_reduce as pairwise_reduce
 from ._segment import segment_log_softmax as segment_log_softmax
 from ._segment import segment_logmeanexp as segment_logmeanexp
 from ._segment import segment_logsumexp as segment_logsumexp
@@ -14,5 +15,7 @@ from ._segment import segment_mean as segment_mean
 from ._segment import segment_min as segment_min
 from ._segment import segment_softmax as segment_softmax
 from ._segment import segment_sum as segment_sum
+from ._ssm import cauchy as cauchy
+from ._ssm import vandermonde as vandermonde
 
 __version__ = "0.1.0"

@@ -1,0 +1,209 @@
+"""Structured state-space (S4 / S4D) kernels as pairwise reductions: no ``(L, N)`` intermediate."""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from ._pairwise import _monoid_for, pairwise
+
+if TYPE_CHECKING:
+    from jaxtyping import Array, ArrayLike
+
+#: Kernel evaluations per tile, summed over the batch, when ``block_size`` is not given.
+BATCH_TILE_ELEMENTS = 1 << 18
+
+
+@jax.custom_jvp
+def _cauchy_term(v, z, w):
+    """``v / (z - w)``, differentiated with one reciprocal instead of three divisions."""
+    return v / (z - w)
+
+
+@_cauchy_term.defjvp
+def _cauchy_term_jvp(primals, tangents):
+    v, z, w = primals
+    dv, dz, dw = tangents
+    r = 1 / (z - w)
+    k = v * r
+    return k, dv * r + k * r * (dw - dz)
+
+
+def _blocks(name, block_size, batch, m, n):
+    if block_size is not None:
+        bs = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+        if len(bs) != 2 or any(not isinstance(b, int) or b <= 0 for b in bs):
+            raise ValueError(
+                f"{name}: block_size must be a positive int or a pair of them, got {block_size!r}."
+            )
+        return min(bs[0], m), min(bs[1], n)
+    per = max(64, BATCH_TILE_ELEMENTS // max(batch, 1))
+    bj = min(n, 64)
+    return min(m, max(1, per // bj)), bj
+
+
+def _batched(name, kernel, rows, cols, batch, block_size):
+    """``vmap`` over the flattened batch of ``pairwise(kernel, rows[b], cols[b])``."""
+    b = math.prod(batch)
+    m = jax.tree.leaves(rows)[0].shape[-1]
+    n = jax.tree.leaves(cols)[0].shape[-1]
+    bi, bj = _blocks(name, block_size, b, m, n)
+
+    def flat(t):
+        return jax.tree.map(lambda a: jnp.broadcast_to(a, (*batch, a.shape[-1])).reshape(b, -1), t)
+
+    one = lambda r, c: pairwise(name, kernel, r, c, _monoid_for(name, "sum", None, n), bi, bj)  # noqa: E731
+    out = jax.vmap(one)(flat(rows), flat(cols))
+    return out.reshape((*batch, m))
+
+
+def _batch_shape(name, **arrays):
+    try:
+        return jnp.broadcast_shapes(*(jnp.shape(a)[:-1] for a in arrays.values()))
+    except ValueError:
+        shapes = ", ".join(f"{k} {jnp.shape(a)}" for k, a in arrays.items())
+        raise ValueError(
+            f"{name}: the leading (batch) dimensions must broadcast, got {shapes}."
+        ) from None
+
+
+def _check_1d(name, **arrays):
+    for k, a in arrays.items():
+        if jnp.ndim(a) < 1:
+            raise ValueError(f"{name}: {k} must have at least one dimension, got a scalar.")
+        if not jnp.issubdtype(jnp.result_type(a), jnp.inexact):
+            raise TypeError(
+                f"{name}: {k} must be floating or complex, got {jnp.result_type(a)}; cast it first."
+            )
+
+
+def cauchy(
+    v: ArrayLike,
+    z: ArrayLike,
+    w: ArrayLike,
+    *,
+    conjugate: bool = False,
+    block_size: int | tuple[int, int] | None = None,
+) -> Array:
+    """S4's Cauchy kernel ``k[l] = sum_n v[n] / (z[l] - w[n])`` without the ``(L, N)`` matrix.
+
+    .. math:: k_l = \\sum_{n<N} \\frac{v_n}{z_l - w_n}
+       \\;\\Big[ + \\frac{\\bar v_n}{z_l - \\bar w_n} \\text{ if conjugate} \\Big]
+
+    Args:
+      v: residues ``(..., N)``, real or complex.
+      z: evaluation nodes ``(..., L)`` (e.g. S4's transformed roots of unity).
+      w: poles ``(..., N)``. The leading dimensions of ``v``, ``z``, ``w`` broadcast (e.g. ``H``
+        channels with a shared ``z``).
+      conjugate: static; also add the conjugate-pole terms (S4 stores only ``N/2`` poles of
+        conjugate pairs). Needs complex ``v`` and ``w``.
+      block_size: static int or pair: ``(L, N)`` tile per batch element (default: about
+        ``2**18`` kernel values per tile over the whole batch).
+
+    Returns:
+      ``(*batch, L)``, the dtype of ``v / (z - w)``.
+
+    Memory: ``O(tile + (L + N) * batch)`` temp, forward and backward. Custom VJP: the backward pass
+    recomputes each tile; gradients for ``v``, ``z`` and ``w``.
+
+    Example:
+      >>> import jax.numpy as jnp, foldax
+      >>> v = jnp.array([1.0 + 0j, 2.0]); w = jnp.array([-1.0 + 1j, -2.0]); z = jnp.array([0j, 1j])
+      >>> k = foldax.cauchy(v, z, w)
+      >>> bool(jnp.allclose(k, (v / (z[:, None] - w)).sum(-1)))
+      True
+    """
+    name = "foldax.cauchy"
+    _check_1d(name, v=v, z=z, w=w)
+    v, z, w = jnp.asarray(v), jnp.asarray(z), jnp.asarray(w)
+    if v.shape[-1] != w.shape[-1]:
+        raise ValueError(
+            f"{name}: v and w must have the same last size N, got {v.shape} and {w.shape}."
+        )
+    if conjugate and not (jnp.iscomplexobj(v) and jnp.iscomplexobj(w)):
+        raise TypeError(
+            f"{name}: conjugate=True adds conjugate-pole terms, meaningless for real v "
+            f"({v.dtype}) and w ({w.dtype}); pass complex arrays or conjugate=False."
+        )
+    batch = _batch_shape(name, v=v, z=z, w=w)
+    dtype = jnp.result_type(v, z, w)
+    v, z, w = v.astype(dtype), z.astype(dtype), w.astype(dtype)
+
+    def kernel(zl, vw):
+        vn, wn = vw
+        out = _cauchy_term(vn, zl, wn)
+        if conjugate:
+            out = out + _cauchy_term(jnp.conj(vn), zl, jnp.conj(wn))
+        return out
+
+    return _batched(name, kernel, z, (v, w), batch, block_size)
+
+
+def vandermonde(
+    v: ArrayLike,
+    x: ArrayLike,
+    length: int,
+    *,
+    conjugate: bool = False,
+    block_size: int | tuple[int, int] | None = None,
+) -> Array:
+    """S4D's Vandermonde kernel ``k[l] = sum_n v[n] * exp(x[n] * l)``, ``l = 0 .. length-1``.
+
+    .. math:: k_l = \\sum_{n<N} v_n e^{x_n l}
+       \\quad\\Big[\\text{conjugate: } 2\\,\\mathrm{Re} \\sum_n v_n e^{x_n l}\\Big]
+
+    Args:
+      v: coefficients ``(..., N)`` (e.g. ``C * (exp(dt A) - 1) / A``), real or complex.
+      x: exponents ``(..., N)`` (e.g. ``dt * A``). Leading dimensions broadcast.
+      length: static int ``L > 0``.
+      conjugate: static; add the conjugate terms, giving the real ``2 Re(...)`` (S4D keeps
+        ``N/2`` of each conjugate pair). Needs complex ``v`` and ``x``.
+      block_size: static int or pair, as in :func:`cauchy`.
+
+    Returns:
+      ``(*batch, L)``: complex (real when ``conjugate=True``).
+
+    Memory: ``O(tile + (L + N) * batch)`` temp, forward and backward; gradients for ``v`` and ``x``.
+
+    Example:
+      >>> import jax.numpy as jnp, foldax
+      >>> v = jnp.array([1.0 + 0j, 0.5j]); x = jnp.array([-0.5 + 1j, -0.1 + 0j])
+      >>> k = foldax.vandermonde(v, x, 4)
+      >>> bool(jnp.allclose(k, (v * jnp.exp(x * jnp.arange(4)[:, None])).sum(-1)))
+      True
+    """
+    name = "foldax.vandermonde"
+    _check_1d(name, v=v, x=x)
+    v, x = jnp.asarray(v), jnp.asarray(x)
+    try:
+        length = operator.index(length)
+    except TypeError:
+        raise TypeError(
+            f"{name}: length must be a static Python int, got {type(length).__name__}."
+        ) from None
+    if length <= 0:
+        raise ValueError(f"{name}: length must be positive, got {length}.")
+    if v.shape[-1] != x.shape[-1]:
+        raise ValueError(
+            f"{name}: v and x must have the same last size N, got {v.shape} and {x.shape}."
+        )
+    if conjugate and not (jnp.iscomplexobj(v) and jnp.iscomplexobj(x)):
+        raise TypeError(
+            f"{name}: conjugate=True adds conjugate terms, meaningless for real v ({v.dtype}) "
+            f"and x ({x.dtype}); pass complex arrays or conjugate=False."
+        )
+    batch = _batch_shape(name, v=v, x=x)
+    dtype = jnp.result_type(v, x)
+    v, x = v.astype(dtype), x.astype(dtype)
+    ls = jnp.arange(length, dtype=jnp.finfo(dtype).dtype)
+
+    def kernel(step, vx):
+        vn, xn = vx
+        out = vn * jnp.exp(xn * step)
+        return 2 * jnp.real(out) if conjugate else out
+
+    return _batched(name, kernel, ls, (v, x), batch, block_size)
