@@ -25,7 +25,7 @@ def test_unknown_command_is_an_error(capsys):
 def test_demo_runs_end_to_end():
     """`python -m foldax demo` prints the three ways, forward and gradient, with small errors."""
     out = subprocess.run(
-        [sys.executable, "-m", "foldax", "demo", "--repeats", "1"],
+        [sys.executable, "-m", "foldax", "demo", "seed", "--repeats", "1"],
         capture_output=True,
         text=True,
         timeout=300,

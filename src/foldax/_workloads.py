@@ -192,3 +192,125 @@ def measure_seed(
             err = None if want is None else max_rel_err(jf(problem.thetas, problem.x), want)
             rows.append(Row(way, pass_, rep.temp_bytes, secs, err))
     return rows
+
+
+# --- seed 002: S4's Cauchy kernel, H channels, L nodes, N poles -----------------------------
+
+S4_H, S4_L = 256, 1024
+
+
+@dataclasses.dataclass
+class S4Problem:
+    v: jax.Array  # (H, N) complex64 residues
+    z: jax.Array  # (L,) complex64 nodes, shared by the channels
+    w: jax.Array  # (H, N) complex64 poles
+
+    @property
+    def n(self) -> int:
+        return int(self.v.shape[-1])
+
+
+def s4_problem(n: int, h: int = S4_H, length: int = S4_L, seed: int = 0) -> S4Problem:
+    """Random S4-like inputs: poles in the left half-plane, nodes on the unit circle's image."""
+    rng = np.random.default_rng(seed)
+    v = (rng.standard_normal((h, n)) + 1j * rng.standard_normal((h, n))) / np.sqrt(n)
+    w = -0.5 - rng.uniform(0, 1, (h, n)) + 1j * np.pi * rng.uniform(-n, n, (h, n)) / n
+    omega = np.exp(-2j * np.pi * np.arange(length) / length)
+    z = 2 * (1 - omega) / (1 + omega + 1e-3)  # bilinear transform of the roots of unity
+    c64 = lambda a: jnp.asarray(a.astype(np.complex64))  # noqa: E731
+    return S4Problem(c64(v), c64(z), c64(w))
+
+
+def s4_naive(v, z, w):
+    """Plain broadcast: materializes the (H, L, N) array."""
+    return (v[:, None, :] / (z[None, :, None] - w[:, None, :])).sum(-1)
+
+
+def s4_vmap_style(v, z, w):
+    """The report's code: a Cauchy kernel over N, vmapped over L and over the H channels."""
+
+    def cauchy_one(v, omega, lambd):
+        return (v / (omega - lambd)).sum()
+
+    per_channel = jax.vmap(cauchy_one, in_axes=(None, 0, None))
+    return jax.vmap(per_channel, in_axes=(0, None, 0))(v, z, w)
+
+
+def s4_foldax(v, z, w):
+    from ._ssm import cauchy
+
+    return cauchy(v, z, w)
+
+
+S4_WAYS = {
+    "naive broadcast": s4_naive,
+    "vmap-style (report)": s4_vmap_style,
+    "foldax.cauchy": s4_foldax,
+}
+
+
+def s4_loss(kernel_fn):
+    """A real training-like loss of the kernel: ``sum |k|^2``."""
+    return lambda v, z, w: jnp.sum(jnp.abs(kernel_fn(v, z, w)) ** 2)
+
+
+def s4_grad(kernel_fn):
+    return jax.grad(s4_loss(kernel_fn), argnums=(0, 1, 2))
+
+
+def s4_reference(problem: S4Problem, block: int = 32):
+    """complex128 kernel and gradients of ``sum |k|^2``, computed ``block`` channels at a time."""
+    with jax.enable_x64(True):
+        v, z, w = (
+            jnp.asarray(np.asarray(a), jnp.complex128) for a in (problem.v, problem.z, problem.w)
+        )
+        fwd = jax.jit(s4_naive)
+        grad = jax.jit(s4_grad(s4_naive))
+        ks, gv, gw, gz = [], [], [], 0
+        for s in range(0, v.shape[0], block):
+            sl = slice(s, s + block)
+            ks.append(np.asarray(fwd(v[sl], z, w[sl])))
+            a, b, c = grad(v[sl], z, w[sl])
+            gv.append(np.asarray(a))
+            gz = gz + np.asarray(b)
+            gw.append(np.asarray(c))
+        return np.concatenate(ks), (np.concatenate(gv), gz, np.concatenate(gw))
+
+
+def max_rel_err_tree(got, want) -> float:
+    """Largest relative error over arrays, each relative to its own largest magnitude."""
+    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+    return max(
+        float(np.max(np.abs(np.asarray(g) - w)) / max(np.max(np.abs(w)), 1e-30))
+        for g, w in zip(got, want, strict=True)
+    )
+
+
+def measure_s4(
+    ns=(64, 256, 512),
+    ways=tuple(S4_WAYS),
+    repeats: int = 3,
+    time_it: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Temp memory, median time and error vs complex128 of each way, forward and gradient."""
+    rows = []
+    for n in ns:
+        problem = s4_problem(n)
+        args = (problem.v, problem.z, problem.w)
+        if progress:
+            progress(f"S4 N={n}: complex128 reference")
+        ref_k, ref_g = s4_reference(problem)
+        for way in ways:
+            kf = S4_WAYS[way]
+            for pass_, fn, want in (("forward", kf, ref_k), ("gradient", s4_grad(kf), ref_g)):
+                if progress:
+                    progress(f"S4 N={n}: {way} {pass_}")
+                temp = memory.report(fn, *args).temp_bytes
+                jf = jax.jit(fn)
+                secs = median_time(jf, *args, repeats=repeats) if time_it else None
+                err = max_rel_err_tree(jf(*args), want)
+                rows.append(
+                    dict(n=n, way=way, pass_=pass_, temp_bytes=temp, seconds=secs, rel_err=err)
+                )
+    return rows
