@@ -25,6 +25,8 @@ import foldax
 TOL: dict[np.dtype, dict[str, float]] = {
     np.dtype(np.float32): {"rtol": 2e-5, "atol": 2e-6, "fd_eps": 1e-3, "fd_tol": 2e-2},
     np.dtype(np.float64): {"rtol": 1e-11, "atol": 1e-12, "fd_eps": 1e-6, "fd_tol": 1e-6},
+    np.dtype(jnp.float16): {"rtol": 5e-3, "atol": 5e-3},
+    np.dtype(jnp.bfloat16): {"rtol": 4e-2, "atol": 4e-2},
 }
 
 

@@ -90,6 +90,13 @@ def test_traced_segment_ids_need_num_segments(name):
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_traced_num_segments(name):
+    ids = jnp.array([0, 0, 1, 1, 2, 2])
+    f = jax.jit(lambda x, s: op(name)(x, ids, s))
+    _raises(name, TypeError, "num_segments", call=lambda: f(X, 3))
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_fn_wrong_leading_size(name):
     _raises(name, ValueError, "fn", call=lambda: op(name)(X, sizes=SIZES, fn=lambda r: r[:1]))
     _raises(name, ValueError, "fn", call=lambda: op(name)(X, sizes=SIZES, fn=lambda r: jnp.sum(r)))

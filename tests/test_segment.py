@@ -248,6 +248,14 @@ def test_zero_segments_empty_sizes_list(name):
     assert op(name)(jnp.zeros((0,), jnp.float32), sizes=[]).shape == (0,)
 
 
+def test_num_segments_inferred_from_static_ids(rng):
+    """Without num_segments, concrete ids give max(ids) + 1 segments (negative ids dropped)."""
+    ids = np.array([2, 0, -1, 2, 4, 0, 4], np.int32)
+    x = segment_data(rng, ids, 5)
+    for name in ("sum", "logsumexp", "softmax"):
+        _expect(name, op(name)(jnp.asarray(x), jnp.asarray(ids)), x, ids, 5)
+
+
 @pytest.mark.parametrize("chunk_size", [7, None])
 def test_nan_stays_in_its_segment(chunk_size, rng):
     """The default chunk makes steps wide (XLA:CPU's wide reduce-max used to drop the NaN)."""
@@ -375,6 +383,70 @@ def test_int_data(form, rng):
     check_each(INT_OK, check)
 
 
+def test_all_ids_out_of_range(rng):
+    x = rng.standard_normal(6).astype(F32)
+    cases = [
+        (np.array([-2, -1, -1, -1, -1, -1]), "sorted_ids"),
+        (np.array([3, 3, 4, 5, 6, 7]), "jit_sorted_ids"),
+        (np.array([5, -1, 3, 4, -2, 9]), "jit_unsorted_ids"),
+    ]
+    for ids, form in cases:
+        outs = jit_each(ALL, lambda n, x, ids=ids, form=form: apply(n, x, ids, 3, form))(
+            jnp.asarray(x)
+        )
+        _expect_all(outs, x, ids, 3, err_msg=f"ids={ids} {form}")
+
+
+@pytest.mark.parametrize(
+    ("form", "chunk_size"),
+    [("sizes", None), ("jit_sizes", 64), ("jit_offsets", None), ("jit_sorted_ids", 64)],
+)
+def test_large_tiles(form, chunk_size, rng):
+    """Few long segments: tiles of many rows, also with traced sizes (whose tile height is
+    chosen from N and S only), partial last tiles and clamped reads at the end."""
+    sizes = [700, 0, 1, 1299, 3]
+    part = Partition(np.asarray(sizes))
+    x = segment_data(rng, part.ids, part.num_segments)
+    s = part.num_segments
+    f = jit_each(ALL, lambda n, x: apply(n, x, part.ids, s, form, chunk_size=chunk_size))
+    _expect_all(f(jnp.asarray(x)), x, part.ids, s)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision(dtype, rng):
+    """The result keeps the (low) precision of the data and is accurate to it."""
+    part = random_partition(rng, num_segments=8, max_size=12)
+    x = jnp.asarray(3 * rng.standard_normal(part.n), dtype)
+    outs = jit_each(ALL, lambda n, x: op(n)(x, sizes=part.sizes.tolist(), chunk_size=4))(x)
+    values = np.asarray(x.astype(jnp.float32))
+
+    def check(name):
+        assert outs[name].dtype == dtype
+        ref = reference(name, values, part.ids, part.num_segments)
+        assert_allclose(outs[name], ref, dtype=dtype, scale=data_scale(values))
+
+    check_each(ALL, check)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "max",
+        "min",
+        "sum",
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16])
+def test_small_int_dtypes(name, dtype, rng):
+    part = random_partition(rng, num_segments=6, max_size=8)
+    x = rng.integers(0, 10, size=part.n).astype(dtype)
+    out = op(name)(jnp.asarray(x), sizes=part.sizes.tolist(), chunk_size=3)
+    jax_ops = {"sum": jax.ops.segment_sum, "max": jax.ops.segment_max, "min": jax.ops.segment_min}
+    want = jax_ops[name](jnp.asarray(x), jnp.asarray(part.ids), part.num_segments)
+    assert out.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(out, want)
+
+
 # ----------------------------------------------------------------------------------------------
 # vmap / jit
 
@@ -475,7 +547,7 @@ def _assert_grads_match(pairs, scale):
     check_each(pairs, check)
 
 
-@pytest.mark.parametrize("form", ["sizes", "unsorted_ids", "jit_sizes", "jit_sorted_ids"])
+@pytest.mark.parametrize("form", ["sizes", "unsorted_ids", "jit_sizes"])
 def test_grad_wrt_data(form, rng):
     part = random_partition(rng, num_segments=8)
     ids = part.ids
@@ -491,6 +563,40 @@ def test_grad_wrt_data(form, rng):
         rng,
     )
     _assert_grads_match(pairs, data_scale(x))
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "logsumexp", "logmeanexp"])
+def test_grad_dropped_rows_minimal(name):
+    x = jnp.array([2.0, 1.0, 2.0], jnp.float32)  # the dropped 2. ties segment 1's max
+    ids = jnp.array([1, 0, 5])
+    g = jax.grad(lambda x: op(name)(x, ids, 2).sum())(x)
+    assert g[2] == 0.0, g
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "unsorted_ids",
+        "jit_sorted_ids",
+    ],
+)
+def test_grad_out_of_range_ids(form, rng):
+    """Rows with dropped ids get no gradient (and their NaN softmax outputs spread no NaN)."""
+    num_segments = 5
+    ids = np.sort(rng.integers(-2, num_segments + 2, size=30).astype(np.int32))
+    x = segment_data(rng, ids, num_segments)
+    if "unsorted" in form:
+        ids, x = permute_rows(rng, ids, x)
+    pairs = _vjps(
+        ALL,
+        lambda n, x: apply(n, x, ids, num_segments, form, chunk_size=4),
+        lambda n, x: dense(n, x, ids, num_segments),
+        (jnp.asarray(x),),
+        rng,
+    )
+    _assert_grads_match(pairs, data_scale(x))
+    dropped = (ids < 0) | (ids >= num_segments)
+    check_each(ALL, lambda n: np.testing.assert_array_equal(pairs[n][0][0][dropped], 0.0))
 
 
 @pytest.mark.parametrize("form", ["sizes", "unsorted_ids"])

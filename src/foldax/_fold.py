@@ -390,6 +390,7 @@ def fold(monoid, fn, data, plan):
         g = jnp.asarray(g)
 
         def row_ct(x, v, seg, mask):
+            mask = mask & (seg < plan.num_segments)[:, None]  # dropped rows get no gradient
             info_t = tuple(_take_slots(a, seg) for a in info)
             ct = monoid.row_cotangent(_tiles(v, plan), mask, info_t, _take_slots(g, seg))
             return ct.reshape(v.shape)

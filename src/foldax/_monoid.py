@@ -114,7 +114,8 @@ class Sum(Monoid):
         return (jnp.zeros((num, *fshape), dtype),)
 
     def reduce(self, v, mask):
-        return (jnp.sum(jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype)), axis=1),)
+        masked = jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype))
+        return (jnp.sum(masked, axis=1, dtype=v.dtype),)
 
     def combine(self, a, b):
         return (a[0] + b[0],)
