@@ -235,14 +235,20 @@ class _Blocks:
         own = start + jnp.arange(self.block, dtype=jnp.int32) >= t * self.block
         return start, own
 
+    #: the axis of the rows in the arrays read: 0, or -1 for the transposed ``y``.
+    axis: int = 0
+
     def read(self, tree, start):
-        return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, self.block), tree)
+        return jax.tree.map(
+            lambda a: lax.dynamic_slice_in_dim(a, start, self.block, axis=self.axis % a.ndim), tree
+        )
 
     def add(self, buf, start, vals, own):
-        m = own.reshape((-1,) + (1,) * (vals.ndim - 1))
-        old = lax.dynamic_slice_in_dim(buf, start, self.block)
+        ax = self.axis % vals.ndim
+        m = own.reshape((-1,) + (1,) * (vals.ndim - 1 - ax)) if ax == 0 else own
+        old = lax.dynamic_slice_in_dim(buf, start, self.block, axis=ax)
         new = old + jnp.where(m, vals, jnp.zeros((), vals.dtype))
-        return lax.dynamic_update_slice_in_dim(buf, new, start, axis=0)
+        return lax.dynamic_update_slice_in_dim(buf, new, start, axis=ax)
 
 
 def _num_rows(name, argname, tree):
@@ -281,7 +287,10 @@ def _block_sizes(name, block_size, m, n):
 def pairwise(name, kernel, x, y, monoid, bi, bj):
     """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, with a custom VJP."""
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
-    rows_i, rows_j = _Blocks(m, bi), _Blocks(n, bj)
+    # y is walked transposed (rows last, see ``tile``): one O(N) copy, made once per call.
+    rows_i, rows_j = _Blocks(m, bi), _Blocks(n, bj, axis=-1)
+    to_cols = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, 0, -1), t)  # noqa: E731
+    to_rows = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), t)  # noqa: E731
     xi = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), x)
     yj = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), y)
     conv, hoisted = jax.closure_convert(kernel, xi, yj)
@@ -290,8 +299,22 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
     needs_index = getattr(monoid, "needs_index", False)
 
     def tile(c, xb, yb):
+        """Kernel values ``(bi, bj, *F)`` of a tile.
+
+        ``yb`` holds the rows of ``y`` along its *last* axis (``(*f, bj)``), so the kernel's
+        feature axes (e.g. ``D`` of a distance) are outer and ``j`` is the innermost, contiguous
+        axis of every intermediate: XLA vectorises along ``j`` instead of along a short ``D``
+        (10x faster for a 3-D Gaussian kernel on CPU). The transpose must happen outside the
+        loop, or XLA folds it back into the broadcast.
+        """
         pair = lambda a, b: conv(a, b, *c)  # noqa: E731
-        return jax.vmap(jax.vmap(pair, (None, 0)), (0, None))(xb, yb)
+        # Both operands are broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
+        # axis for both: JAX's batching rules keep batch axes where they are when all operands
+        # agree, so every intermediate is (bi, *f, bj), reductions over f are cheap and the
+        # innermost axis is j.
+        xs = jax.tree.map(lambda a: jnp.broadcast_to(a[..., None], (*a.shape, bj)), xb)
+        ys = jax.tree.map(lambda a: jnp.broadcast_to(a[None], (bi, *a.shape)), yb)
+        return jax.vmap(jax.vmap(pair, (-1, -1)), (0, 0))(xs, ys)
 
     def init(num):
         if hasattr(monoid, "init_aval"):
@@ -299,6 +322,8 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
         return monoid.init(num, aval.shape, aval.dtype)
 
     def forward(consts, x, y):
+        y = to_cols(y)
+
         def outer(state_all, ti):
             si, _ = rows_i.at(ti)
             xb = rows_i.read(x, si)
@@ -352,6 +377,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
             return jnp.zeros(t.aval.shape, jnp.int32)  # an integer output's: never read
 
         g = jax.tree.map(dense, g, is_leaf=is_zero)
+        y = to_cols(y)
         dc, rc, tc = _split(consts, fc)
         dx, _rx, tx = _split(x, fx)
         dy, _ry, ty = _split(y, fy)
@@ -406,7 +432,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
             it = iter(vals)
             return jax.tree.unflatten(treedef, [next(it) if d is not None else None for d in diff])
 
-        return (out(acc_c, dc, tc), out(ct_x, dx, tx), out(ct_y, dy, ty))
+        return (out(acc_c, dc, tc), out(ct_x, dx, tx), to_rows(out(ct_y, dy, ty)))
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
     return run(consts, x, y)
