@@ -298,6 +298,8 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
     aval = jax.eval_shape(conv, xi, yj, *consts)
     needs_index = getattr(monoid, "needs_index", False)
 
+    contracts = _has_dot(jax.make_jaxpr(conv)(xi, yj, *consts).jaxpr)
+
     def tile(c, xb, yb):
         """Kernel values ``(bi, bj, *F)`` of a tile.
 
@@ -308,6 +310,11 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
         loop, or XLA folds it back into the broadcast.
         """
         pair = lambda a, b: conv(a, b, *c)  # noqa: E731
+        if contracts:
+            # A kernel with a dot product (attention): with y unbatched in the inner vmap and x
+            # unbatched in the outer one, JAX batches the dot into one (bi, f) @ (f, bj) GEMM.
+            yr = jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), yb)
+            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None))(xb, yr)
         # Both operands are broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
         # axis for both: JAX's batching rules keep batch axes where they are when all operands
         # agree, so every intermediate is (bi, *f, bj), reductions over f are cheap and the
@@ -436,6 +443,18 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
     return run(consts, x, y)
+
+
+def _has_dot(jaxpr) -> bool:
+    """Whether a jaxpr (or one nested in it) contracts with ``dot_general``."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            return True
+        for p in eqn.params.values():
+            sub = getattr(p, "jaxpr", p)
+            if hasattr(sub, "eqns") and _has_dot(sub):
+                return True
+    return False
 
 
 def _check_kernel_output(name, monoid, kernel, x, y):
