@@ -40,3 +40,15 @@ def test_demo_runs_end_to_end():
     for row in rows:
         assert float(row[-1]) < 1e-4, out  # max relative error against float64
     assert "less temp memory" in out
+
+
+def test_s4_workload_small():
+    """The demo's S4 measurement on a small configuration: every way agrees with complex128."""
+    from foldax import _workloads as w
+
+    rows = w.measure_s4(ns=(4, 8), h=3, length=16, repeats=1, time_it=False)
+    assert {r["way"] for r in rows} == set(w.S4_WAYS)
+    assert len(rows) == 2 * len(w.S4_WAYS) * 2
+    for r in rows:
+        assert r["rel_err"] < 1e-5, r
+        assert r["temp_bytes"] >= 0

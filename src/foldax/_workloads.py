@@ -292,11 +292,13 @@ def measure_s4(
     repeats: int = 3,
     time_it: bool = True,
     progress: Callable[[str], None] | None = None,
+    h: int = S4_H,
+    length: int = S4_L,
 ) -> list[dict]:
     """Temp memory, median time and error vs complex128 of each way, forward and gradient."""
     rows = []
     for n in ns:
-        problem = s4_problem(n)
+        problem = s4_problem(n, h=h, length=length)
         args = (problem.v, problem.z, problem.w)
         if progress:
             progress(f"S4 N={n}: complex128 reference")
