@@ -92,9 +92,14 @@ class KMin(Monoid):
         super().__init__("kmin", "real")
         object.__setattr__(self, "k", k)
 
+    @staticmethod
+    def _fill(dtype):
+        """The identity's value: NaN (sorts last), or the largest integer."""
+        return np.nan if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
+
     def init(self, num, fshape, dtype):
         return (
-            jnp.full((num, self.k), np.nan, dtype),
+            jnp.full((num, self.k), self._fill(dtype), dtype),
             jnp.full((num, self.k), np.iinfo(np.int32).max, jnp.int32),
         )
 
@@ -103,11 +108,12 @@ class KMin(Monoid):
         return (vals[:, : self.k], idx[:, : self.k])
 
     def reduce(self, v, mask, index):
-        vals = jnp.where(mask, v, jnp.asarray(np.nan, v.dtype))
+        fill = self._fill(v.dtype)
+        vals = jnp.where(mask, v, jnp.asarray(fill, v.dtype))
         idx = jnp.where(mask, index[None, :], np.iinfo(np.int32).max).astype(jnp.int32)
         if vals.shape[1] < self.k:
             pad = self.k - vals.shape[1]
-            vals = jnp.pad(vals, ((0, 0), (0, pad)), constant_values=np.nan)
+            vals = jnp.pad(vals, ((0, 0), (0, pad)), constant_values=fill)
             idx = jnp.pad(idx, ((0, 0), (0, pad)), constant_values=np.iinfo(np.int32).max)
         return self._best(vals, idx)
 
@@ -156,8 +162,10 @@ class SoftmaxSum(Monoid):
 
     def combine(self, a, b):
         m = jnp.maximum(a[0], b[0])
-        fa = _rescale(jnp.ones_like(a[1]), a[0], m) * (a[1] != 0)
-        fb = _rescale(jnp.ones_like(b[1]), b[0], m) * (b[1] != 0)
+        zero = jnp.zeros((), a[1].dtype)
+        # 0 where a state is empty (its factor may overflow to inf: never multiply it)
+        fa = jnp.where(a[1] != 0, _rescale(jnp.ones_like(a[1]), a[0], m), zero)
+        fb = jnp.where(b[1] != 0, _rescale(jnp.ones_like(b[1]), b[0], m), zero)
         acc = a[2] * _expand(fa, a[2].ndim) + b[2] * _expand(fb, b[2].ndim)
         return (m, a[1] * fa + b[1] * fb, acc)
 
@@ -273,7 +281,13 @@ def _block_sizes(name, block_size, m, n):
         bi = min(m, max(1, TILE_ELEMENTS // bj))
         return bi, bj
     bs = (block_size, block_size) if isinstance(block_size, int | np.integer) else block_size
+    if isinstance(bs, tuple | list) and len(bs) != 2:
+        raise ValueError(
+            f"{name}: block_size must be an int or a pair (bi, bj), got {len(bs)} values {block_size!r}."
+        )
     try:
+        if isinstance(block_size, bool):
+            raise TypeError
         bi, bj = (operator.index(b) for b in bs)
     except TypeError:
         raise TypeError(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from ._pairwise import _monoid_for, pairwise
+from ._pairwise import _block_sizes, _monoid_for, pairwise
 
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike
@@ -35,12 +35,7 @@ def _cauchy_term_jvp(primals, tangents):
 
 def _blocks(name, block_size, batch, m, n):
     if block_size is not None:
-        bs = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
-        if len(bs) != 2 or any(not isinstance(b, int) or b <= 0 for b in bs):
-            raise ValueError(
-                f"{name}: block_size must be a positive int or a pair of them, got {block_size!r}."
-            )
-        return min(bs[0], m), min(bs[1], n)
+        return _block_sizes(name, block_size, m, n)
     per = max(64, BATCH_TILE_ELEMENTS // max(batch, 1))
     bj = min(n, 64)
     return min(m, max(1, per // bj)), bj
@@ -180,6 +175,8 @@ def vandermonde(
     _check_1d(name, v=v, x=x)
     v, x = jnp.asarray(v), jnp.asarray(x)
     try:
+        if isinstance(length, bool):
+            raise TypeError
         length = operator.index(length)
     except TypeError:
         raise TypeError(
@@ -203,7 +200,7 @@ def vandermonde(
 
     def kernel(step, vx):
         vn, xn = vx
-        out = vn * jnp.exp(xn * step)
+        out = vn * jnp.exp(xn * step.astype(xn.dtype))
         return 2 * jnp.real(out) if conjugate else out
 
     return _batched(name, kernel, ls, (v, x), batch, block_size)

@@ -1,0 +1,843 @@
+"""foldax.pairwise_reduce against dense float64 NumPy references and dense jnp gradients.
+
+Most tests evaluate several reductions inside one ``jax.jit`` (compiling dominates the run time)
+and report every reduction that fails. ``M = 37`` and ``N = 53`` are multiples of no block size.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special
+from helpers import assert_allclose, data_scale, tol
+from jax import lax
+from jax.test_util import check_grads
+
+import foldax
+from foldax.memory import report
+
+F32 = np.float32
+M, N = 37, 53
+NAME = "foldax.pairwise_reduce"
+#: Reductions with a real (M, *F) float output, differentiable.
+FLOAT_REDUCTIONS = ("sum", "logsumexp", "max", "min")
+INDEX_REDUCTIONS = ("argmax", "argmin")
+
+
+def _check_each(names, check):
+    """Run ``check(name)`` for every name; fail once, listing every name that failed."""
+    failures = []
+    for name in names:
+        try:
+            check(name)
+        except AssertionError as e:
+            failures.append(f"--- {name}:\n{e}")
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+
+
+def np_reduce(reduction, d, k=None):
+    """``reduction`` over axis 1 of the dense float64 kernel matrix ``d`` ``(M, N, *F)``."""
+    with np.errstate(all="ignore"):
+        if reduction == "sum":
+            return d.sum(1)
+        if reduction == "logsumexp":
+            return scipy.special.logsumexp(d, axis=1)
+        if reduction == "max":
+            return d.max(1)
+        if reduction == "min":
+            return d.min(1)
+        if reduction == "argmax":
+            return np.argmax(d, axis=1)
+        if reduction == "argmin":
+            return np.argmin(d, axis=1)
+        if reduction == "kmin":
+            idx = np.argsort(d, axis=1, kind="stable")[:, :k]
+            return np.take_along_axis(d, idx, axis=1), idx
+    raise ValueError(reduction)
+
+
+def dense_matrix(kernel, x, y):
+    """The ``(M, N, ...)`` kernel matrix in plain jnp (differentiable)."""
+    return jax.vmap(lambda xi: jax.vmap(lambda yj: kernel(xi, yj))(y))(x)
+
+
+def dense_reduce(reduction, kernel, x, y, k=None):
+    """Plain-jnp reference of ``pairwise_reduce`` (differentiable; float outputs only)."""
+    v = dense_matrix(kernel, x, y)
+    if reduction == "sum":
+        return jnp.sum(v, axis=1)
+    if reduction == "logsumexp":
+        return jax.nn.logsumexp(v, axis=1)
+    if reduction == "max":
+        return jnp.max(v, axis=1)
+    if reduction == "min":
+        return jnp.min(v, axis=1)
+    if reduction == "kmin":
+        vals, idx = lax.top_k(-v, k)  # ties: lower index first, like kmin
+        return -vals, idx
+    if reduction == "softmax":
+        logits, vals = v
+        p = jax.nn.softmax(logits, axis=1)
+        return jnp.einsum("ij,ij...->i...", p, vals)
+    raise ValueError(reduction)
+
+
+def np_softmax(logits, vals):
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    return np.einsum("ij,ij...->i...", p, vals)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels (jnp) with their dense float64 NumPy matrices
+
+
+def k_tree(xi, yj):
+    """Pytree rows: ``xi = {"p": (3,), "s": ()}``, ``yj = (q (3,), c ())``."""
+    q, c = yj
+    return xi["s"] * jnp.sum((xi["p"] - q) ** 2) + c
+
+
+def np_tree(x, y):
+    p, s = (np.asarray(x[k], np.float64) for k in ("p", "s"))
+    q, c = (np.asarray(a, np.float64) for a in y)
+    return s[:, None] * ((p[:, None] - q[None]) ** 2).sum(-1) + c[None]
+
+
+def k_vec(xi, yj):
+    """Array output ``F = (2,)``."""
+    return jnp.stack([-jnp.sum((xi - yj) ** 2), jnp.sum(xi * yj)])
+
+
+def np_vec(x, y):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return np.stack([-((x[:, None] - y[None]) ** 2).sum(-1), x @ y.T], axis=-1)
+
+
+def k_complex(xi, yj):
+    return jnp.exp(lax.complex(-jnp.sum((xi - yj) ** 2), jnp.sum(xi * yj)))
+
+
+def np_complex(x, y):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    return np.exp(-((x[:, None] - y[None]) ** 2).sum(-1) + 1j * (x @ y.T))
+
+
+def k_nan(xi, yj):
+    """Squared distance, NaN where the labels of the two rows agree."""
+    (p, a), (q, b) = xi, yj
+    return jnp.where(a == b, jnp.nan, jnp.sum((p - q) ** 2))
+
+
+def np_nan(x, y):
+    (p, a), (q, b) = x, y
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    d = ((p[:, None] - q[None]) ** 2).sum(-1)
+    return np.where(np.asarray(a)[:, None] == np.asarray(b)[None], np.nan, d)
+
+
+def integer_tree(rng, m=M, n=N):
+    """Integer-valued float32 pytree data: the kernel is exact in float32 and full of ties, and
+    ``y`` has duplicate rows (1, 17, 40 = 5; 30 = 31 = 52)."""
+    x = {
+        "p": rng.integers(-2, 3, (m, 3)).astype(F32),
+        "s": rng.choice(np.array([-1.0, 1.0, 2.0], F32), m),
+    }
+    q = rng.integers(-2, 3, (n, 3)).astype(F32)
+    c = rng.integers(-3, 4, n).astype(F32)
+    for dup, src in ((1, 5), (17, 5), (40, 5), (30, 31), (52, 31)):
+        q[dup], c[dup] = q[src], c[src]
+    return x, (q, c)
+
+
+def normal_tree(rng, m=M, n=N):
+    x = {
+        "p": rng.standard_normal((m, 3)).astype(F32),
+        "s": rng.uniform(0.5, 1.5, m).astype(F32),
+    }
+    return x, (rng.standard_normal((n, 3)).astype(F32), rng.standard_normal(n).astype(F32))
+
+
+def _separated_rows(d, k, gap):
+    """Rows of ``d`` ``(M, N)`` whose ``k + 1`` smallest and 2 largest values are ``gap`` apart:
+    there float32 rounding cannot reorder the indices of argmin / argmax / kmin."""
+    s = np.sort(d, axis=1)
+    low = np.all(np.diff(s[:, : k + 1], axis=1) > gap, axis=1)
+    return low & (s[:, -1] - s[:, -2] > gap)
+
+
+def _check_all(outs, d, k, *, exact=True, err=""):
+    """Every entry of ``outs`` (by reduction name) against the float64 reference on ``d``.
+
+    ``exact``: ``d`` is exactly representable in float32 (ties are real ties), so every index
+    must equal NumPy's; otherwise only rows without float32-level near-ties are compared.
+    """
+    scale = data_scale(d)
+    rows = np.ones(d.shape[0], bool)
+    if not exact:
+        rows = _separated_rows(d, k or 1, 1e-4 * scale)
+        assert rows.mean() > 0.8, rows
+
+    def check(r):
+        ref = np_reduce(r, d, k)
+        if r in INDEX_REDUCTIONS:
+            assert outs[r].dtype == jnp.int32
+            np.testing.assert_array_equal(np.asarray(outs[r])[rows], ref[rows], err_msg=err)
+        elif r == "kmin":
+            vals, idx = outs[r]
+            assert vals.dtype == jnp.float32 and idx.dtype == jnp.int32
+            np.testing.assert_array_equal(
+                np.asarray(idx)[rows], ref[1][rows], err_msg=f"kmin indices {err}"
+            )
+            assert_allclose(vals, ref[0], dtype=F32, scale=scale, err_msg=err)
+        else:
+            # a sum's rounding error grows with the magnitude of the terms it adds
+            s = np.nanmax(np.abs(d).sum(1), initial=1.0) if r == "sum" else scale
+            assert outs[r].dtype == jnp.float32
+            assert_allclose(outs[r], ref, dtype=F32, scale=s, err_msg=err)
+
+    _check_each(list(outs), check)
+
+
+def _run_all(kernel, x, y, reductions, block_size, k=None):
+    def call(x, y):
+        return {
+            r: foldax.pairwise_reduce(
+                kernel, x, y, reduction=r, block_size=block_size, k=k if r == "kmin" else None
+            )
+            for r in reductions
+        }
+
+    return jax.jit(call)(x, y)
+
+
+# ----------------------------------------------------------------------------------------------
+# Values against float64 NumPy
+
+
+ALL_SCALAR = (*FLOAT_REDUCTIONS, *INDEX_REDUCTIONS, "kmin")
+
+
+@pytest.mark.parametrize(
+    "block_size",
+    [(8, 16), 64, None, (1, 5)],
+    ids=["8x16", "larger_than_M_N", "default", "1x5"],
+)
+def test_all_reductions_integer_data_with_ties(block_size, rng):
+    """Exact kernel values with many ties and duplicate rows of y: indices equal NumPy's."""
+    x, y = integer_tree(rng)
+    outs = _run_all(k_tree, x, y, ALL_SCALAR, block_size, k=7)
+    _check_all(outs, np_tree(x, y), 7, err=f"block_size={block_size}")
+
+
+def test_all_reductions_continuous_data(rng):
+    x, y = normal_tree(rng)
+    y[1][:] *= 10.0  # larger offsets: logsumexp is dominated by a few columns
+    outs = _run_all(k_tree, x, y, ALL_SCALAR, (8, 16), k=5)
+    _check_all(outs, np_tree(x, y), 5, exact=False)
+
+
+def test_array_output(rng):
+    """Kernel output ``F = (2,)``: every reduction (except kmin) per feature."""
+    x = rng.integers(-2, 3, (M, 3)).astype(F32)
+    y = rng.integers(-2, 3, (N, 3)).astype(F32)
+    y[[10, 30]] = y[3]
+    reds = (*FLOAT_REDUCTIONS, *INDEX_REDUCTIONS)
+    outs = _run_all(k_vec, x, y, reds, (8, 16))
+    assert outs["sum"].shape == (M, 2) and outs["argmax"].shape == (M, 2)
+    _check_all(outs, np_vec(x, y), None)
+
+
+@pytest.mark.parametrize("block_size", [(8, 16), 64])
+def test_complex_sum(block_size, rng):
+    x = rng.standard_normal((M, 3)).astype(F32)
+    y = rng.standard_normal((N, 3)).astype(F32)
+    out = jax.jit(lambda x, y: foldax.pairwise_reduce(k_complex, x, y, block_size=block_size))(x, y)
+    assert out.dtype == jnp.complex64 and out.shape == (M,)
+    ref = np_complex(x, y).sum(1)
+    scale = np.abs(np_complex(x, y)).sum(1).max()
+    assert_allclose(
+        np.stack([out.real, out.imag]), np.stack([ref.real, ref.imag]), dtype=F32, scale=scale
+    )
+
+
+def test_nan_entries(rng):
+    """NaN counts as the extreme for argmax/argmin (first NaN wins), propagates through
+    sum/logsumexp/max/min and sorts last (stably, by index) in kmin, like NumPy."""
+    p = rng.integers(-2, 3, (M, 3)).astype(F32)
+    q = rng.integers(-2, 3, (N, 3)).astype(F32)
+    a = rng.integers(0, 10, M).astype(np.int32)
+    a[M // 2 :] = -1  # rows that never match: no NaN
+    b = rng.integers(0, 10, N).astype(np.int32)
+    a[0] = 99
+    b[3:] = np.where(np.arange(3, N) % 17 == 0, b[3:], 99)  # row 0: 7 finite entries
+    b[N - 1] = a[1] = 50  # row 1: one NaN, in the last column (the clamped block)
+    x, y = (p, a), (q, b)
+    d = np_nan(x, y)
+    assert np.isnan(d).any(axis=1).sum() > 5 and (~np.isnan(d)).any(axis=1).all()
+    assert (~np.isnan(d[0])).sum() < 8 and np.flatnonzero(np.isnan(d[1])).tolist() == [N - 1]
+    outs = _run_all(k_nan, x, y, ALL_SCALAR, (8, 16), k=8)
+    _check_all(outs, d, 8)
+
+
+def test_kmin_full_sort_and_k_larger_than_block(rng):
+    x, y = integer_tree(rng)
+    d = np_tree(x, y)
+
+    def call(x, y):
+        return {
+            n: foldax.pairwise_reduce(k_tree, x, y, reduction="kmin", k=n, block_size=(8, 4))
+            for n in (1, 20, N)
+        }
+
+    outs = jax.jit(call)(x, y)
+    for n, (vals, idx) in outs.items():
+        ref_vals, ref_idx = np_reduce("kmin", d, n)
+        assert vals.shape == idx.shape == (M, n)
+        np.testing.assert_array_equal(idx, ref_idx, err_msg=f"k={n}")
+        np.testing.assert_array_equal(vals, ref_vals, err_msg=f"k={n}")
+
+
+def test_integer_kernel_argmin_max(rng):
+    xi = rng.integers(0, 10, (M, 2)).astype(np.int32)
+    yi = rng.integers(0, 10, (N, 2)).astype(np.int32)
+
+    def ker(a, b):
+        return jnp.sum(jnp.abs(a - b))
+
+    d = np.abs(xi[:, None].astype(np.int64) - yi[None]).sum(-1)
+    outs = _run_all(ker, xi, yi, ("sum", "max", "min", "argmax", "argmin"), (8, 16))
+    for r, out in outs.items():
+        assert out.dtype == jnp.int32, r
+        np.testing.assert_array_equal(out, np_reduce(r, d), err_msg=r)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+def test_integer_kernel_kmin(rng):
+    xi = rng.integers(0, 10, (M, 2)).astype(np.int32)
+    yi = rng.integers(0, 10, (N, 2)).astype(np.int32)
+    d = np.abs(xi[:, None].astype(np.int64) - yi[None]).sum(-1)
+    vals, idx = foldax.pairwise_reduce(
+        lambda a, b: jnp.sum(jnp.abs(a - b)), xi, yi, reduction="kmin", k=4, block_size=(8, 16)
+    )
+    ref_vals, ref_idx = np_reduce("kmin", d, 4)
+    np.testing.assert_array_equal(idx, ref_idx)
+    np.testing.assert_array_equal(vals, ref_vals)
+
+
+@pytest.mark.parametrize("vshape", [(), (3,)])
+def test_softmax(vshape, rng):
+    """Exact attention ``sum_j softmax_j(logit) value_j``, value scalar or ``(3,)``."""
+    x = rng.standard_normal((M, 3)).astype(F32)
+    y = rng.standard_normal((N, 3)).astype(F32)
+    y[:5] *= 20.0  # logits spread over ~1000: the shift matters
+
+    def ker(a, b):
+        v = jnp.tanh(a + b) if vshape else jnp.sum(a * b)
+        return -jnp.sum((a - b) ** 2), v
+
+    xd, yd = x.astype(np.float64), y.astype(np.float64)
+    logits = -((xd[:, None] - yd[None]) ** 2).sum(-1)
+    vals = np.tanh(xd[:, None] + yd[None]) if vshape else np.einsum("id,jd->ij", xd, yd)
+    ref = np_softmax(logits, vals)
+    for bs in [(8, 16), 64]:
+        f = jax.jit(
+            lambda x, y, bs=bs: foldax.pairwise_reduce(
+                ker, x, y, reduction="softmax", block_size=bs
+            )
+        )
+        out = f(x, y)
+        assert out.shape == (M, *vshape) and out.dtype == jnp.float32
+        assert_allclose(out, ref, dtype=F32, scale=data_scale(vals), err_msg=f"{bs}")
+
+
+def test_softmax_very_negative_logits(rng):
+    """Logits ~ -1000 (exp underflows in float32): the running shift keeps the result exact."""
+    x = rng.standard_normal((M, 2)).astype(F32)
+    y = rng.standard_normal((N, 2)).astype(F32)
+
+    def ker(a, b):
+        return jnp.sum(a * b) - 1000.0, b
+
+    xd, yd = x.astype(np.float64), y.astype(np.float64)
+    ref = np_softmax(xd @ yd.T - 1000.0, np.broadcast_to(yd[None], (M, N, 2)))
+    out = foldax.pairwise_reduce(ker, x, y, reduction="softmax", block_size=(8, 16))
+    assert_allclose(out, ref, dtype=F32, scale=1000.0)
+
+
+def test_softmax_under_strict_promotion():
+    x = jnp.zeros((3, 1), jnp.float32)
+    y = jnp.arange(5.0, dtype=jnp.float32).reshape(5, 1)
+    out = foldax.pairwise_reduce(lambda a, b: (jnp.sum(a - b), b), x, y, reduction="softmax")
+    ref = np_softmax(-np.arange(5.0)[None].repeat(3, 0), np.arange(5.0)[None, :, None].repeat(3, 0))
+    assert_allclose(out, ref, dtype=F32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients
+
+
+def _grad_inputs(rng, m=M, n=N, d=3):
+    x = {"p": rng.standard_normal((m, d)).astype(F32), "s": rng.uniform(0.5, 1.5, m).astype(F32)}
+    y = (rng.standard_normal((n, d)).astype(F32), rng.standard_normal(n).astype(F32))
+    theta = rng.uniform(0.5, 1.5, d).astype(F32)
+    return x, y, theta
+
+
+def _param_kernel(theta):
+    def ker(xi, yj):
+        q, c = yj
+        return -xi["s"] * jnp.sum(theta * (xi["p"] - q) ** 2) + c
+
+    return ker
+
+
+def _softmax_param_kernel(theta):
+    def ker(xi, yj):
+        q, c = yj
+        return -jnp.sum(theta * (xi["p"] - q) ** 2), jnp.tanh(xi["p"] * c + q) * xi["s"]
+
+    return ker
+
+
+def _loss(reduction, block_size, w, k=None, dense=False):
+    """``sum(out * w)``: a non-trivial cotangent. kmin: its values only."""
+
+    def loss(x, y, theta):
+        ker = (_softmax_param_kernel if reduction == "softmax" else _param_kernel)(theta)
+        if dense:
+            out = dense_reduce(reduction, ker, x, y, k=k)
+        else:
+            out = foldax.pairwise_reduce(ker, x, y, reduction=reduction, k=k, block_size=block_size)
+        if reduction == "kmin":
+            out = out[0]
+        return jnp.sum(out * w)
+
+    return loss
+
+
+def _assert_grads_close(got, want, err):
+    for g, r, path in zip(
+        jax.tree.leaves(got),
+        jax.tree.leaves(want),
+        ["x.p", "x.s", "y.q", "y.c", "theta"],
+        strict=True,
+    ):
+        # the gradient of theta sums M * N terms, of y over M, of x over N: cancellation
+        assert_allclose(g, r, dtype=F32, scale=10 * data_scale(r), err_msg=f"{err} d/d{path}")
+
+
+@pytest.mark.parametrize("block_size", [(8, 16)])
+def test_grads_vs_dense(block_size, rng):
+    """Gradients wrt pytree x, pytree y and a closed-over parameter, every float reduction."""
+    x, y, theta = _grad_inputs(rng)
+    reds = (*FLOAT_REDUCTIONS, "kmin", "softmax")
+    k = 4
+    ws = {
+        r: rng.standard_normal(
+            (M, k) if r == "kmin" else (M, 3) if r == "softmax" else (M,)
+        ).astype(F32)
+        for r in reds
+    }
+
+    def grads(dense):
+        return {
+            r: jax.grad(
+                _loss(r, block_size, ws[r], k if r == "kmin" else None, dense), argnums=(0, 1, 2)
+            )
+            for r in reds
+        }
+
+    got = jax.jit(lambda *a: {r: g(*a) for r, g in grads(False).items()})(x, y, theta)
+    want = jax.jit(lambda *a: {r: g(*a) for r, g in grads(True).items()})(x, y, theta)
+    _check_each(reds, lambda r: _assert_grads_close(got[r], want[r], r))
+
+
+def test_grads_array_output_and_complex(rng):
+    """``F = (2,)`` outputs (every float reduction) and a complex kernel (sum)."""
+    x = rng.standard_normal((M, 3)).astype(F32)
+    y = rng.standard_normal((N, 3)).astype(F32)
+    theta = rng.uniform(0.5, 1.5, 3).astype(F32)
+    w = rng.standard_normal((M, 2)).astype(F32)
+
+    def vec(theta):
+        return lambda a, b: jnp.stack([-jnp.sum(theta * (a - b) ** 2), jnp.sum(theta * a * b)])
+
+    def cplx(theta):
+        return lambda a, b: jnp.exp(lax.complex(-jnp.sum(theta * (a - b) ** 2), jnp.sum(a * b)))
+
+    def losses(dense):
+        def run(r, ker, x, y):
+            if dense:
+                return dense_reduce(r, ker, x, y)
+            return foldax.pairwise_reduce(ker, x, y, reduction=r, block_size=(8, 16))
+
+        out = {
+            r: (lambda x, y, t, r=r: jnp.sum(run(r, vec(t), x, y) * w)) for r in FLOAT_REDUCTIONS
+        }
+
+        def complex_loss(x, y, t):
+            k = run("sum", cplx(t), x, y)
+            return jnp.sum(jnp.real(k) * w[:, 0] + jnp.imag(k) * w[:, 1])
+
+        out["complex_sum"] = complex_loss
+        return out
+
+    def all_grads(dense):
+        fs = losses(dense)
+        return jax.jit(lambda *a: {r: jax.grad(f, argnums=(0, 1, 2))(*a) for r, f in fs.items()})
+
+    got = all_grads(False)(x, y, theta)
+    want = all_grads(True)(x, y, theta)
+
+    def check(r):
+        for g, ref, what in zip(got[r], want[r], "xyt", strict=True):
+            assert_allclose(g, ref, dtype=F32, scale=10 * data_scale(ref), err_msg=f"d/d{what}")
+
+    _check_each(list(got), check)
+
+
+def test_grad_max_ties_split_evenly():
+    """Rows of y attaining the max share its gradient evenly (like jnp.max), across tiles."""
+    x = jnp.asarray([[0.5], [3.0]], jnp.float32)
+    y = jnp.asarray([[1.0], [0.0], [1.0], [2.0], [0.0], [2.0], [-1.0]], jnp.float32)
+    w = jnp.asarray([1.0, 2.0], jnp.float32)
+
+    def ker(a, b):
+        return -jnp.sum((a - b) ** 2)
+
+    def loss(y, dense):
+        if dense:
+            return jnp.sum(dense_reduce("max", ker, x, y) * w)
+        return jnp.sum(foldax.pairwise_reduce(ker, x, y, reduction="max", block_size=(1, 2)) * w)
+
+    got = jax.grad(loss)(y, False)
+    want = jax.grad(loss)(y, True)
+    # row 0: 4 ties (y = 0 or 1, value -0.25), row 1: 2 ties (y = 2)
+    np.testing.assert_array_equal(np.asarray(want)[:, 0] != 0, [1, 1, 1, 1, 1, 1, 0])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_check_grads_float64(rng):
+    """Reverse-mode gradients of every float reduction (one program) against float64 finite
+    differences (jax.test_util.check_grads)."""
+    x, y, theta = _grad_inputs(rng, m=5, n=7, d=2)
+    t = tol(np.float64)
+    with jax.enable_x64(True):
+        cast = lambda t: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), t)  # noqa: E731
+        x, y, theta = cast(x), cast(y), cast(theta)
+
+        def f(x, y, theta):
+            def run(r, **kw):
+                ker = (_softmax_param_kernel if r == "softmax" else _param_kernel)(theta)
+                return foldax.pairwise_reduce(ker, x, y, reduction=r, block_size=(2, 3), **kw)
+
+            out = {r: run(r) for r in (*FLOAT_REDUCTIONS, "softmax")}
+            out["kmin"] = run("kmin", k=3)[0]
+            return out
+
+        f = jax.jit(f)
+        assert all(a.dtype == jnp.float64 for a in jax.tree.leaves(f(x, y, theta)))
+        check_grads(
+            f,
+            (x, y, theta),
+            order=1,
+            modes=["rev"],
+            eps=t["fd_eps"],
+            atol=t["fd_tol"],
+            rtol=t["fd_tol"],
+        )
+
+
+def test_grad_with_integer_closure_and_unused_inputs(rng):
+    """A closed-over int array (a tracer under jit) and an x leaf the kernel ignores."""
+    x = {
+        "p": jnp.asarray(rng.standard_normal((M, 2)).astype(F32)),
+        "unused": jnp.zeros(M, jnp.float32),
+    }
+    y = jnp.asarray(rng.standard_normal((N, 2)).astype(F32))
+    labels = jnp.asarray(rng.integers(0, 3, N).astype(np.int32))
+
+    def loss(x, y, labels, dense):
+        def ker(xi, yj):
+            return -jnp.sum((xi["p"] - yj) ** 2)
+
+        if dense:
+            v = dense_matrix(ker, x, y) + labels[None, :].astype(jnp.float32)
+            return jnp.sum(jax.nn.logsumexp(v, axis=1))
+        rows = jnp.arange(N, dtype=jnp.int32)
+
+        def ker2(xi, yj):
+            j, yv = yj
+            return ker(xi, yv) + labels[j].astype(jnp.float32)
+
+        return jnp.sum(
+            foldax.pairwise_reduce(ker2, x, (rows, y), reduction="logsumexp", block_size=(8, 16))
+        )
+
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=3)(x, y, labels, False)
+    want = jax.grad(loss, argnums=(0, 1))(x, y, labels, True)
+    np.testing.assert_array_equal(got[0]["unused"], np.zeros(M, F32))
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert_allclose(g, r, dtype=F32, scale=10 * data_scale(r))
+
+
+# ----------------------------------------------------------------------------------------------
+# Transformations
+
+
+def test_transformations(rng):
+    """jit, vmap over x, vmap over a closed-over parameter, nested vmap, jit(vmap(grad))."""
+    b = 3
+    # integer data, power-of-2 weights: exact kernel values, so indices (with ties) are exact
+    xb = jnp.asarray(rng.integers(-2, 3, (b, M, 2)).astype(F32))
+    y = jnp.asarray(rng.integers(-2, 3, (N, 2)).astype(F32))
+    thetas = jnp.asarray(rng.choice(np.array([0.5, 1.0, 2.0], F32), (b, 2)))
+
+    def ker(theta):
+        return lambda a, c: -jnp.sum(theta * (a - c) ** 2)
+
+    def fx(x, theta, r="logsumexp"):
+        return foldax.pairwise_reduce(ker(theta), x, y, reduction=r, block_size=(8, 16))
+
+    def dense_lse(x, theta):
+        return dense_reduce("logsumexp", ker(theta), x, y)
+
+    outs = jax.jit(
+        lambda xb, th: {
+            "vmap_x": jax.vmap(fx, (0, None))(xb, th[0]),
+            "vmap_theta": jax.vmap(fx, (None, 0))(xb[0], th),
+            "nested": jax.vmap(jax.vmap(fx, (None, 0)), (0, None))(xb, th),
+            "argmin_nested": jax.vmap(
+                jax.vmap(lambda x, t: fx(x, t, "argmin"), (None, 0)), (0, None)
+            )(xb, th),
+            "kmin_vmap": jax.vmap(
+                lambda x, t: foldax.pairwise_reduce(
+                    ker(t), x, y, reduction="kmin", k=3, block_size=(8, 16)
+                )
+            )(xb, th),
+            "grad": jax.vmap(jax.grad(lambda x, t: jnp.sum(fx(x, t) ** 2), argnums=(0, 1)))(xb, th),
+        }
+    )(xb, thetas)
+    want_nested = jax.vmap(jax.vmap(dense_lse, (None, 0)), (0, None))(xb, thetas)
+    dist = np.asarray(
+        jax.vmap(jax.vmap(lambda x, t: dense_matrix(ker(t), x, y), (None, 0)), (0, None))(
+            xb, thetas
+        ),
+        np.float64,
+    )
+    want_grad = jax.vmap(jax.grad(lambda x, t: jnp.sum(dense_lse(x, t) ** 2), argnums=(0, 1)))(
+        xb, thetas
+    )
+    s = data_scale(want_nested)
+    assert_allclose(outs["nested"], want_nested, dtype=F32, scale=s)
+    assert_allclose(outs["vmap_x"], want_nested[:, 0], dtype=F32, scale=s)
+    assert_allclose(outs["vmap_theta"], want_nested[0], dtype=F32, scale=s)
+    np.testing.assert_array_equal(outs["argmin_nested"], np.argmin(dist, axis=-1))
+    diag = dist[np.arange(b), np.arange(b)]
+    np.testing.assert_array_equal(
+        outs["kmin_vmap"][1], np.argsort(diag, axis=-1, kind="stable")[..., :3]
+    )
+    for g, r in zip(outs["grad"], want_grad, strict=True):
+        assert_allclose(g, r, dtype=F32, scale=10 * data_scale(r))
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory (compiled only: XLA's deterministic figures)
+
+
+def _sqdist(a, b):
+    return -jnp.sum((a - b) ** 2)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "logsumexp"])
+def test_memory_independent_of_m_times_n(reduction):
+    """Temp memory is O(tile + M + N), forward and backward: 16x the pairs, ~ the same bytes."""
+
+    def fwd(x, y):
+        return foldax.pairwise_reduce(_sqdist, x, y, reduction=reduction)
+
+    def loss(x, y):
+        return jnp.sum(fwd(x, y))
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    temps = {}
+    for n in (2048, 8192):
+        s = jax.ShapeDtypeStruct((n, 3), jnp.float32)
+        temps[n] = (report(fwd, s, s).temp_bytes, report(grad, s, s).temp_bytes)
+    for which, small, big in zip(("forward", "grad"), temps[2048], temps[8192], strict=True):
+        # a little slack for the O(M + N) per-row summaries (e.g. the log-sum-exp)
+        assert big <= 1.15 * small + 8 * (8192 + 8192), (which, temps)
+        dense_bytes = 8192 * 8192 * 4
+        assert big < dense_bytes / 256, (which, temps)
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+
+
+def _x():
+    return jnp.zeros((4, 2), jnp.float32)
+
+
+def _y():
+    return jnp.zeros((5, 2), jnp.float32)
+
+
+def _dot(a, b):
+    return jnp.sum(a * b)
+
+
+ERRORS = {
+    "x_leaves_mismatch": (
+        ValueError,
+        ("x",),
+        lambda: foldax.pairwise_reduce(
+            lambda a, b: jnp.sum(a["u"] * b) + a["v"],
+            {"u": _x(), "v": jnp.zeros(3, jnp.float32)},
+            _y(),
+        ),
+    ),
+    "y_leaves_mismatch": (
+        ValueError,
+        ("y",),
+        lambda: foldax.pairwise_reduce(
+            lambda a, b: jnp.sum(a * b[0]) + b[1], _x(), (_y(), jnp.zeros(6, jnp.float32))
+        ),
+    ),
+    "x_scalar_leaf": (
+        ValueError,
+        ("x",),
+        lambda: foldax.pairwise_reduce(_dot, jnp.float32(1.0), _y()),
+    ),
+    "x_empty_tree": (TypeError, ("x",), lambda: foldax.pairwise_reduce(_dot, {}, _y())),
+    "unknown_reduction": (
+        ValueError,
+        ("reduction", "median"),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="median"),
+    ),
+    "reduction_not_str": (
+        TypeError,
+        ("reduction",),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction=None),
+    ),
+    "k_too_large": (
+        ValueError,
+        ("k", "6"),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="kmin", k=6),
+    ),
+    "k_zero": (
+        ValueError,
+        ("k", "0"),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="kmin", k=0),
+    ),
+    "k_negative": (
+        ValueError,
+        ("k", "-2"),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="kmin", k=-2),
+    ),
+    "k_missing": (
+        ValueError,
+        ("kmin", "k"),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="kmin"),
+    ),
+    "k_float": (
+        TypeError,
+        ("k",),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="kmin", k=2.0),
+    ),
+    "k_not_kmin": (ValueError, ("k", "sum"), lambda: foldax.pairwise_reduce(_dot, _x(), _y(), k=2)),
+    "block_size_zero": (
+        ValueError,
+        ("block_size",),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), block_size=0),
+    ),
+    "block_size_negative_pair": (
+        ValueError,
+        ("block_size",),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), block_size=(4, -1)),
+    ),
+    "block_size_float": (
+        TypeError,
+        ("block_size",),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), block_size=2.5),
+    ),
+    "kernel_not_callable": (TypeError, ("kernel",), lambda: foldax.pairwise_reduce(3, _x(), _y())),
+    "kernel_fails": (
+        TypeError,
+        ("kernel",),
+        lambda: foldax.pairwise_reduce(lambda a, b: a @ jnp.ones((7,), jnp.float32), _x(), _y()),
+    ),
+    "kernel_returns_pair": (
+        TypeError,
+        ("kernel",),
+        lambda: foldax.pairwise_reduce(lambda a, b: (a, b), _x(), _y()),
+    ),
+    "softmax_not_pair": (
+        TypeError,
+        ("softmax", "kernel"),
+        lambda: foldax.pairwise_reduce(_dot, _x(), _y(), reduction="softmax"),
+    ),
+    "softmax_triple": (
+        TypeError,
+        ("softmax", "kernel"),
+        lambda: foldax.pairwise_reduce(
+            lambda a, b: (_dot(a, b), a, b), _x(), _y(), reduction="softmax"
+        ),
+    ),
+    "softmax_vector_logit": (
+        TypeError,
+        ("softmax", "logit"),
+        lambda: foldax.pairwise_reduce(lambda a, b: (a * b, b), _x(), _y(), reduction="softmax"),
+    ),
+    "softmax_complex_value": (
+        TypeError,
+        ("value",),
+        lambda: foldax.pairwise_reduce(
+            lambda a, b: (_dot(a, b), jnp.exp(lax.complex(b, b))), _x(), _y(), reduction="softmax"
+        ),
+    ),
+    "kmin_vector_kernel": (
+        ValueError,
+        ("kmin", "scalar"),
+        lambda: foldax.pairwise_reduce(lambda a, b: a * b, _x(), _y(), reduction="kmin", k=2),
+    ),
+    "max_complex_kernel": (
+        TypeError,
+        ("kernel",),
+        lambda: foldax.pairwise_reduce(
+            lambda a, b: lax.complex(_dot(a, b), _dot(a, b)), _x(), _y(), reduction="max"
+        ),
+    ),
+    "logsumexp_int_kernel": (
+        TypeError,
+        ("kernel",),
+        lambda: foldax.pairwise_reduce(
+            lambda a, b: jnp.sum(a * b).astype(jnp.int32), _x(), _y(), reduction="logsumexp"
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_errors(case):
+    exc, words, call = ERRORS[case]
+    with pytest.raises(exc) as info:
+        call()
+    msg = str(info.value)
+    assert NAME in msg, msg
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+
+
+@pytest.mark.parametrize("bs", [(2, 3, 4), (2,)])
+def test_error_block_size_wrong_length(bs):
+    with pytest.raises((ValueError, TypeError), match=r"foldax\.pairwise_reduce.*block_size"):
+        foldax.pairwise_reduce(_dot, _x(), _y(), block_size=bs)
