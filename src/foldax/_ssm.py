@@ -168,7 +168,7 @@ def vandermonde(
       >>> import jax.numpy as jnp, foldax
       >>> v = jnp.array([1.0 + 0j, 0.5j]); x = jnp.array([-0.5 + 1j, -0.1 + 0j])
       >>> k = foldax.vandermonde(v, x, 4)
-      >>> bool(jnp.allclose(k, (v * jnp.exp(x * jnp.arange(4)[:, None])).sum(-1)))
+      >>> bool(jnp.allclose(k, (v * jnp.exp(x * jnp.arange(4).astype(x.dtype)[:, None])).sum(-1)))
       True
     """
     name = "foldax.vandermonde"
