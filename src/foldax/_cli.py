@@ -112,6 +112,81 @@ def demo_seed(args) -> None:
         )
 
 
+def audit_cmd(args) -> int:
+    """``foldax audit path.py:function``: the function takes a size and returns ``(fn, args)``."""
+    import importlib.util
+    import os
+
+    from . import memory
+
+    path, _, func = args.target.rpartition(":")
+    if not path or not func:
+        print(
+            f"foldax audit: expected path/to/file.py:function, got {args.target!r}", file=sys.stderr
+        )
+        return 2
+    if not os.path.exists(path):
+        print(f"foldax audit: no such file {path!r}", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("_foldax_audit_target", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    make = getattr(module, func, None)
+    if make is None:
+        print(f"foldax audit: {path} has no function {func!r}", file=sys.stderr)
+        return 2
+    sizes = [int(s) for s in args.sizes.split(",")]
+    fn, fargs = make(sizes[-1])
+    print(memory.audit(fn, *fargs, top=args.top))
+    print()
+    rep = memory.scaling(make, sizes, name=args.name)
+    print(rep)
+    _device_peak(fn, fargs)
+    if args.plot:
+        _plot(rep, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _device_peak(fn, fargs) -> None:
+    """On a GPU, run once and report the device's measured peak beside XLA's estimate."""
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        return
+    concrete = [
+        jax.numpy.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a
+        for a in fargs
+    ]
+    jax.block_until_ready(jax.jit(fn)(*concrete))
+    stats = dev.memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        print(f"device {dev}: measured peak {format_bytes(stats['peak_bytes_in_use'])}")
+
+
+def _plot(rep, out) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit(
+            "foldax audit --plot needs matplotlib: pip install 'foldax[plot]'"
+        ) from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.loglog(rep.sizes, rep.temp_bytes, "o-k", label=f"temp total (exponent {rep.exponent:.2f})")
+    for g in rep.growing[:8]:
+        ax.loglog(rep.sizes, g.nbytes, "o--", label=f"{g.primitive} {g.source} ({g.exponent:.2f})")
+    ax.set_xlabel(rep.name)
+    ax.set_ylabel("bytes")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="foldax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,6 +201,15 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=10, help="number of theta vmapped over")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
     p.set_defaults(func=demo)
+    a = sub.add_parser(
+        "audit", help="which buffers make a program's memory grow, and which line made them"
+    )
+    a.add_argument("target", help="path/to/file.py:function, function(size) -> (fn, args)")
+    a.add_argument("--sizes", default="64,256,512", help="comma-separated sizes")
+    a.add_argument("--name", default="N", help="name of the size, for printing")
+    a.add_argument("--top", type=int, default=10, help="buffers listed at the peak")
+    a.add_argument("--plot", help="write memory against size to this PNG (needs matplotlib)")
+    a.set_defaults(func=audit_cmd)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -15,7 +15,18 @@ from typing import Any
 
 import jax
 
-__all__ = ["MemoryReport", "format_bytes", "report"]
+__all__ = [
+    "AuditReport",
+    "Buffer",
+    "Growth",
+    "MemoryReport",
+    "ScalingReport",
+    "audit",
+    "format_bytes",
+    "report",
+    "report_from_compiled",
+    "scaling",
+]
 
 
 def format_bytes(n: int) -> str:
@@ -79,7 +90,11 @@ def report(fn: Callable, *args: Any, **kwargs: Any) -> MemoryReport:
     """
     name = _name(fn)
     target = functools.partial(fn, **kwargs) if kwargs else fn
-    compiled = jax.jit(target).lower(*args).compile()
+    return report_from_compiled(jax.jit(target).lower(*args).compile(), name)
+
+
+def report_from_compiled(compiled, name: str = "fn") -> MemoryReport:
+    """The :class:`MemoryReport` of an already compiled ``jax.stages.Compiled``."""
     stats = compiled.memory_analysis()
     if stats is None:
         raise RuntimeError(
@@ -94,3 +109,11 @@ def report(fn: Callable, *args: Any, **kwargs: Any) -> MemoryReport:
         generated_code_bytes=int(stats.generated_code_size_in_bytes),
         name=name,
     )
+
+
+from ._audit import AuditReport as AuditReport  # noqa: E402  (needs the names above)
+from ._audit import Buffer as Buffer  # noqa: E402
+from ._audit import Growth as Growth  # noqa: E402
+from ._audit import ScalingReport as ScalingReport  # noqa: E402
+from ._audit import audit as audit  # noqa: E402
+from ._audit import scaling as scaling  # noqa: E402
