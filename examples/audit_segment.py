@@ -1,0 +1,42 @@
+"""Memory audit of the seed segment workload: ``foldax audit examples/audit_segment.py:global_max``.
+
+``global_max(n)`` / ``with_foldax(n)`` return ``(fn, args)``: the gradient, vmapped over 10 theta,
+of the per-segment log-mean-exp of the model over ``n`` rows in segments of the seed's sizes
+(tiled to ``n`` rows), for ``foldax audit`` / ``foldax.memory.scaling``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import foldax
+from foldax import _workloads as w
+
+
+def _sizes(n):
+    seed = np.asarray(w.seed_sizes())
+    reps = -(-n // int(seed.sum()))
+    sizes = np.tile(seed, reps)
+    cut = np.searchsorted(np.cumsum(sizes), n)
+    sizes = sizes[: cut + 1].copy()
+    sizes[-1] -= int(sizes.sum()) - n
+    return sizes.tolist()
+
+
+def _make(way, n):
+    sizes = _sizes(n)
+    _, grad = w.forward_and_grad(way(sizes))
+    x = jax.ShapeDtypeStruct((n, w.FEATURES), jnp.float32)
+    thetas = jax.ShapeDtypeStruct((10, w.FEATURES), jnp.float32)
+    return grad, (thetas, x)
+
+
+def global_max(n):
+    return _make(w.way_global_max, n)
+
+
+def with_foldax(n):
+    return _make(w.way_foldax, n)
+
+
+_ = foldax
