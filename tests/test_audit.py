@@ -135,3 +135,34 @@ def test_cli_audit_bad_target():
     )
     assert out.returncode == 2
     assert "no such file" in out.stderr
+
+
+def test_cli_audit_plot(tmp_path):
+    """`--plot` writes a PNG (the `plot` extra; skipped where matplotlib is absent)."""
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "t.py"
+    target.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def make(n):\n"
+        "    return (lambda x: jnp.sort(jnp.outer(x, x), 0).sum(),\n"
+        "            (jax.ShapeDtypeStruct((n,), jnp.float32),))\n"
+    )
+    png = tmp_path / "out.png"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "foldax",
+            "audit",
+            f"{target}:make",
+            "--sizes",
+            "16,32",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
