@@ -32,6 +32,8 @@ from helpers import (
 )
 from jax.test_util import check_grads
 
+import foldax
+
 F32 = np.float32
 
 
@@ -770,3 +772,15 @@ def test_vjp_accepts_numpy_cotangent():
         np.testing.assert_array_equal(g, want)
 
     check_each(["sum", "logsumexp", "softmax"], check)  # fold and normalize VJPs
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_mean_does_not_overflow(dtype):
+    """A float16 sum of 70000 ones overflows (max 65504); the mean accumulates in float32."""
+    x = jnp.ones(70_000, dtype)
+    out = foldax.segment_mean(x, sizes=[3, 69_997])
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(out, np.float32), [1.0, 1.0])
+    g = jax.grad(lambda x: foldax.segment_mean(x, sizes=[3, 69_997]).astype(jnp.float32).sum())(x)
+    assert g.dtype == dtype
+    np.testing.assert_allclose(np.asarray(g[:3], np.float32), 1 / 3, rtol=tol(dtype)["rtol"])

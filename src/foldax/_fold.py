@@ -364,9 +364,12 @@ def fold(monoid, fn, data, plan):
         state, _ = lax.scan(step, init, plan.xs())
         return state
 
+    def finalize(state):
+        return _as_values_dtype(monoid.finalize(state), v_aval.dtype)
+
     @jax.custom_vjp
     def run(consts, data, plan):
-        return monoid.finalize(forward(consts, data, plan))
+        return finalize(forward(consts, data, plan))
 
     def run_fwd(consts, data, plan):
         consts, flags_c = _unwrap(consts)
@@ -380,7 +383,7 @@ def fold(monoid, fn, data, plan):
             monoid.grad_info(state),
             _Static((tuple(flags_c), tuple(flags_d))),
         )
-        return monoid.finalize(state), res
+        return finalize(state), res
 
     def run_bwd(res, g):
         consts, data, plan, info, flags = res
@@ -500,6 +503,13 @@ def normalize(fn, data, plan, log):
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
     return run(consts, data, plan)
+
+
+def _as_values_dtype(out, dtype):
+    """A floating result in the values' dtype (monoids may accumulate in a wider one)."""
+    if jnp.issubdtype(out.dtype, jnp.floating) and out.dtype != dtype:
+        return out.astype(dtype)
+    return out
 
 
 def _first_x(plan):

@@ -134,17 +134,24 @@ class Sum(Monoid):
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
 
 
+def _accumulator(dtype):
+    """Half-precision sums overflow (float16 tops out at 65504): accumulate them in float32."""
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+
+
 class Mean(Monoid):
-    """State: (sum, count). The count is per segment (no feature axes), int32."""
+    """State: (sum, count). The count is per segment (no feature axes), int32; half-precision
+    values are summed in float32 (the engine casts the result back to the values' dtype)."""
 
     def __init__(self):
         super().__init__("mean", "float")
 
     def init(self, num, fshape, dtype):
-        return (jnp.zeros((num, *fshape), dtype), jnp.zeros((num,), jnp.int32))
+        return (jnp.zeros((num, *fshape), _accumulator(dtype)), jnp.zeros((num,), jnp.int32))
 
     def reduce(self, v, mask):
-        s = jnp.sum(jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype)), axis=1)
+        masked = jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype))
+        s = jnp.sum(masked, axis=1, dtype=_accumulator(v.dtype))
         return (s, jnp.sum(mask, axis=1, dtype=jnp.int32))
 
     def combine(self, a, b):
@@ -163,7 +170,8 @@ class Mean(Monoid):
 
     def row_cotangent(self, v, mask, info, g):
         (count,) = info
-        ct = jnp.broadcast_to((g / jnp.maximum(count, 1))[:, None], v.shape)
+        share = (g.astype(count.dtype) / jnp.maximum(count, 1)).astype(v.dtype)
+        ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
 
 

@@ -300,7 +300,7 @@ def _segment_reduce(
     )
     if isinstance(plan, _EmptyPlan):
         state = monoid.init(plan.num_segments, aval.shape[1:], aval.dtype)
-        return monoid.finalize(state)
+        return _fold._as_values_dtype(monoid.finalize(state), aval.dtype)
     return _fold.fold(monoid, fn, data, plan)
 
 
