@@ -841,3 +841,31 @@ def test_errors(case):
 def test_error_block_size_wrong_length(bs):
     with pytest.raises((ValueError, TypeError), match=r"foldax\.pairwise_reduce.*block_size"):
         foldax.pairwise_reduce(_dot, _x(), _y(), block_size=bs)
+
+
+def test_attention_gemm_path_matches_dense(rng):
+    """A dot-product kernel whose values ignore x (attention) takes the P @ V GEMM path; values
+    and gradients for q, k, v match dense softmax attention, with ragged blocks."""
+    m, n, d = 37, 53, 8
+    q, k, v = (
+        jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((m, d), (n, d), (n, 3))
+    )
+
+    def fold(q, k, v):
+        return foldax.pairwise_reduce(
+            lambda qi, kv: (jnp.dot(qi, kv[0]) / np.float32(np.sqrt(d)), kv[1]),
+            q,
+            (k, v),
+            reduction="softmax",
+            block_size=(8, 16),
+        )
+
+    def dense(q, k, v):
+        return jax.nn.softmax(q @ k.T / np.float32(np.sqrt(d)), axis=1) @ v
+
+    assert_allclose(fold(q, k, v), dense(q, k, v), dtype=np.float32)
+    ct = jnp.asarray(rng.standard_normal((m, 3)).astype(np.float32))
+    ga = jax.vjp(fold, q, k, v)[1](ct)
+    gb = jax.vjp(dense, q, k, v)[1](ct)
+    for a, b in zip(ga, gb, strict=True):
+        assert_allclose(a, b, dtype=np.float32, scale=float(jnp.max(jnp.abs(b))))

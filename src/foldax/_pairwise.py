@@ -140,8 +140,11 @@ class SoftmaxSum(Monoid):
     State ``(m, s, acc)``: running max logit, ``sum exp(l - shift(m))`` and the weighted values.
     """
 
-    def __init__(self):
+    def __init__(self, shared=False):
         super().__init__("softmax", "float")
+        #: values do not depend on the row of x: a tile's values are ``(bj, *Fv)``, not
+        #: ``(bi, bj, *Fv)``, and the weighted sums are GEMMs (attention's ``P @ V``).
+        object.__setattr__(self, "shared", shared)
 
     def init_aval(self, num, aval):
         lg, val = aval
@@ -156,8 +159,14 @@ class SoftmaxSum(Monoid):
         lg = jnp.where(mask, lg, jnp.asarray(-np.inf, lg.dtype))
         m = jnp.max(lg, axis=1)
         w = jnp.exp(lg - _finite_or_zero(m)[:, None])
-        val = jnp.where(_expand(mask, val.ndim), val, jnp.zeros((), val.dtype))
-        acc = jnp.sum(_expand(w, val.ndim) * val, axis=1)
+        # Masked columns have weight exactly 0 (their logit is -inf). Their values are real rows
+        # of y (clamped reads), so they are not masked again: a where on the (bi, bj, *Fv)
+        # values would materialize them, while w @ values stays one contraction.
+        w_v = w.astype(val.dtype)
+        if self.shared:
+            acc = (w_v @ val.reshape(val.shape[0], -1)).reshape((w.shape[0], *val.shape[1:]))
+        else:
+            acc = jnp.einsum("ij,ij...->i...", w_v, val)
         return (m, jnp.sum(w, axis=1), acc)
 
     def combine(self, a, b):
@@ -181,6 +190,14 @@ class SoftmaxSum(Monoid):
         lse, out = info
         ok = mask & (lse[:, None] > -np.inf)
         p = jnp.exp(jnp.where(ok, lg - lse[:, None], jnp.asarray(-np.inf, lg.dtype)))
+        if self.shared:
+            bi, bj = p.shape
+            g2, v2, o2 = g.reshape(bi, -1), val.reshape(bj, -1), out.reshape(bi, -1)
+            pv = p.astype(val.dtype)
+            ct_val = (pv.T @ g2).reshape(val.shape)
+            dots = g2 @ v2.T - jnp.sum(g2 * o2, axis=-1)[:, None]
+            ct_lg = jnp.where(ok, p * dots.astype(p.dtype), jnp.zeros((), p.dtype))
+            return (ct_lg, ct_val)
         gv = g[:, None]  # (Bi, 1, *Fv)
         ct_val = _expand(p, val.ndim) * gv
         diff = jnp.where(_expand(ok, val.ndim), val - out[:, None], jnp.zeros((), val.dtype))
@@ -313,6 +330,20 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
     needs_index = getattr(monoid, "needs_index", False)
 
     contracts = _has_dot(jax.make_jaxpr(conv)(xi, yj, *consts).jaxpr)
+    shared = False
+    if isinstance(monoid, SoftmaxSum) and contracts:
+        # Values independent of x (attention's V): keep them (bj, *Fv) so that P @ V is a GEMM.
+        def shared_tile(c, xb, yb):
+            pair = lambda a, b: conv(a, b, *c)  # noqa: E731
+            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=(0, None))(xb, yb)
+
+        blk = lambda t, b: jax.tree.map(lambda a: jax.ShapeDtypeStruct((b, *a.shape), a.dtype), t)  # noqa: E731
+        try:
+            jax.eval_shape(shared_tile, consts, blk(xi, bi), blk(yj, bj))
+            shared = True
+            monoid = SoftmaxSum(shared=True)
+        except ValueError:
+            pass
 
     def tile(c, xb, yb):
         """Kernel values ``(bi, bj, *F)`` of a tile.
@@ -328,7 +359,8 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
             # A kernel with a dot product (attention): with y unbatched in the inner vmap and x
             # unbatched in the outer one, JAX batches the dot into one (bi, f) @ (f, bj) GEMM.
             yr = jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), yb)
-            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None))(xb, yr)
+            out_axes = (0, None) if shared else 0
+            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=out_axes)(xb, yr)
         # Both operands are broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
         # axis for both: JAX's batching rules keep batch axes where they are when all operands
         # agree, so every intermediate is (bi, *f, bj), reductions over f are cheap and the
