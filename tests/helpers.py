@@ -327,14 +327,14 @@ def jit_each(names, call):
     return jax.jit(lambda *args: {name: call(name, *args) for name in names})
 
 
-def check_each(names, check):
+def check_each(names, check, prefix="segment_"):
     """Run ``check(name)`` for every name; fail once, listing every name that failed."""
     failures = []
     for name in names:
         try:
             check(name)
         except AssertionError as e:
-            failures.append(f"--- segment_{name}:\n{e}")
+            failures.append(f"--- {prefix}{name}:\n{e}")
     if failures:
         failed = [f.split(":", 1)[0][4:] for f in failures]
         raise AssertionError(f"failed for {failed}\n" + "\n".join(failures))

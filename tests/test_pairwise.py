@@ -12,11 +12,18 @@ import numpy as np
 import pytest
 import scipy.special
 from helpers import assert_allclose, data_scale, tol
+from helpers import check_each as _check_each_segment
 from jax import lax
 from jax.test_util import check_grads
 
 import foldax
 from foldax.memory import report
+
+
+def check_each(names, check):
+    """``helpers.check_each`` with plain names in its failure messages."""
+    _check_each_segment(names, check, prefix="")
+
 
 F32 = np.float32
 M, N = 37, 53
@@ -24,18 +31,6 @@ NAME = "foldax.pairwise_reduce"
 #: Reductions with a real (M, *F) float output, differentiable.
 FLOAT_REDUCTIONS = ("sum", "logsumexp", "max", "min")
 INDEX_REDUCTIONS = ("argmax", "argmin")
-
-
-def _check_each(names, check):
-    """Run ``check(name)`` for every name; fail once, listing every name that failed."""
-    failures = []
-    for name in names:
-        try:
-            check(name)
-        except AssertionError as e:
-            failures.append(f"--- {name}:\n{e}")
-    if failures:
-        raise AssertionError("\n".join(failures))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,7 +198,7 @@ def _check_all(outs, d, k, *, exact=True, err=""):
             assert outs[r].dtype == jnp.float32
             assert_allclose(outs[r], ref, dtype=F32, scale=s, err_msg=err)
 
-    _check_each(list(outs), check)
+    check_each(list(outs), check)
 
 
 def _run_all(kernel, x, y, reductions, block_size, k=None):
@@ -457,7 +452,7 @@ def test_grads_vs_dense(block_size, rng):
 
     got = jax.jit(lambda *a: {r: g(*a) for r, g in grads(False).items()})(x, y, theta)
     want = jax.jit(lambda *a: {r: g(*a) for r, g in grads(True).items()})(x, y, theta)
-    _check_each(reds, lambda r: _assert_grads_close(got[r], want[r], r))
+    check_each(reds, lambda r: _assert_grads_close(got[r], want[r], r))
 
 
 def test_grads_array_output_and_complex(rng):
@@ -501,7 +496,7 @@ def test_grads_array_output_and_complex(rng):
         for g, ref, what in zip(got[r], want[r], "xyt", strict=True):
             assert_allclose(g, ref, dtype=F32, scale=10 * data_scale(ref), err_msg=f"d/d{what}")
 
-    _check_each(list(got), check)
+    check_each(list(got), check)
 
 
 def test_grad_max_ties_split_evenly():

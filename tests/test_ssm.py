@@ -8,10 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import assert_allclose, data_scale, tol
+from helpers import check_each as _check_each_segment
 from jax.test_util import check_grads
 
 import foldax
 from foldax.memory import report
+
+
+def check_each(names, check):
+    """``helpers.check_each`` with plain names in its failure messages."""
+    _check_each_segment(names, check, prefix="")
+
 
 F32 = np.float32
 C64 = np.complex64
@@ -27,17 +34,6 @@ def _ri(a):
 def assert_close_complex(actual, desired, *, scale, err_msg=""):
     assert np.asarray(actual).shape == np.asarray(desired).shape, err_msg
     assert_allclose(_ri(actual), _ri(desired), dtype=F32, scale=scale, err_msg=err_msg)
-
-
-def _check_each(names, check):
-    failures = []
-    for name in names:
-        try:
-            check(name)
-        except AssertionError as e:
-            failures.append(f"--- {name}:\n{e}")
-    if failures:
-        raise AssertionError("\n".join(failures))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,7 +114,7 @@ def test_cauchy_values(conjugate, rng):
         assert outs[name].dtype == jnp.complex64
         assert_close_complex(outs[name], ref, scale=scale, err_msg=name)
 
-    _check_each(list(outs), check)
+    check_each(list(outs), check)
 
 
 def test_cauchy_broadcasting_and_real(rng):
@@ -164,7 +160,7 @@ def test_vandermonde_values(conjugate, rng):
             assert out.dtype == jnp.complex64
             assert_close_complex(out, ref, scale=scale, err_msg=name)
 
-    _check_each(list(outs), check)
+    check_each(list(outs), check)
 
 
 def test_vandermonde_broadcasting_and_real(rng):

@@ -35,6 +35,8 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from ._monoid import _take
+
 # ----------------------------------------------------------------------------------------------
 # Plans
 
@@ -335,6 +337,17 @@ def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct):
     return ct_c, ct_d
 
 
+def _fold_states(monoid, body, consts, data, plan, fshape, dtype):
+    """The forward fold: ``monoid`` states ``(num_segments, *fshape)`` of ``body`` over the plan."""
+
+    def step(carry, x):
+        v, seg, mask = _values(plan, body, consts, data, x)
+        return monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask)), None
+
+    state, _ = lax.scan(step, monoid.init(plan.num_segments, fshape, dtype), plan.xs())
+    return state
+
+
 def _values(plan, body, consts, data, x):
     rows, seg, mask = plan.load(data, x)
     return body(consts, rows, _per_row(seg, plan)), seg, mask
@@ -356,13 +369,7 @@ def fold(monoid, fn, data, plan):
     fshape = v_aval.shape[1:]
 
     def forward(consts, data, plan):
-        def step(carry, x):
-            v, seg, mask = _values(plan, body, consts, data, x)
-            return monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask)), None
-
-        init = monoid.init(plan.num_segments, fshape, v_aval.dtype)
-        state, _ = lax.scan(step, init, plan.xs())
-        return state
+        return _fold_states(monoid, body, consts, data, plan, fshape, v_aval.dtype)
 
     def finalize(state):
         return _as_values_dtype(monoid.finalize(state), v_aval.dtype)
@@ -394,8 +401,8 @@ def fold(monoid, fn, data, plan):
 
         def row_ct(x, v, seg, mask):
             mask = mask & (seg < plan.num_segments)[:, None]  # dropped rows get no gradient
-            info_t = tuple(_take_slots(a, seg) for a in info)
-            ct = monoid.row_cotangent(_tiles(v, plan), mask, info_t, _take_slots(g, seg))
+            info_t = tuple(_take(a, seg) for a in info)
+            ct = monoid.row_cotangent(_tiles(v, plan), mask, info_t, _take(g, seg))
             return ct.reshape(v.shape)
 
         ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct)
@@ -407,7 +414,7 @@ def fold(monoid, fn, data, plan):
 
 def _rows_of(a, seg, plan):
     """Per-slot values ``a`` ``(S, *F)`` read for every row of a step: ``(G*T, *F)``."""
-    t = _take_slots(a, seg)
+    t = _take(a, seg)
     full = (plan.group, plan.tile, *t.shape[1:])
     return jnp.broadcast_to(t[:, None], full).reshape((plan.group * plan.tile, *t.shape[1:]))
 
@@ -436,12 +443,7 @@ def normalize(fn, data, plan, log):
     v_aval = jax.eval_shape(lambda c, d: _values(plan, body, c, d, _first_x(plan))[0], consts, data)
 
     def reduce(monoid, body, consts, data, plan, fshape, dtype):
-        def step(carry, x):
-            v, seg, mask = _values(plan, body, consts, data, x)
-            return monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask)), None
-
-        state, _ = lax.scan(step, monoid.init(num, fshape, dtype), plan.xs())
-        return monoid.finalize(state)
+        return monoid.finalize(_fold_states(monoid, body, consts, data, plan, fshape, dtype))
 
     def probs(v, lse_r, segr, take_log):
         z = v - lse_r
@@ -514,10 +516,6 @@ def _as_values_dtype(out, dtype):
 
 def _first_x(plan):
     return jax.tree.map(lambda a: a[0], plan.xs())
-
-
-def _take_slots(a, seg):
-    return a[jnp.minimum(seg, a.shape[0] - 1)]
 
 
 def _nones(tree):

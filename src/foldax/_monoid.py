@@ -87,6 +87,10 @@ class Monoid:
     def combine(self, a, b):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def init_aval(self, num, aval):
+        """The identity state for values of ``aval`` (a ``ShapeDtypeStruct`` or a pytree of them)."""
+        return self.init(num, aval.shape, aval.dtype)
+
     def check_dtype(self, fname, argname, dtype):
         """Raise a TypeError naming ``fname`` if ``dtype`` is not a valid value dtype."""
         ok = {

@@ -322,8 +322,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
     rows_i, rows_j = _Blocks(m, bi), _Blocks(n, bj, axis=-1)
     to_cols = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, 0, -1), t)  # noqa: E731
     to_rows = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), t)  # noqa: E731
-    xi = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), x)
-    yj = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), y)
+    xi, yj = _row_avals(x), _row_avals(y)
     conv, hoisted = jax.closure_convert(kernel, xi, yj)
     consts = tuple(hoisted)
     aval = jax.eval_shape(conv, xi, yj, *consts)
@@ -370,9 +369,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
         return jax.vmap(jax.vmap(pair, (-1, -1)), (0, 0))(xs, ys)
 
     def init(num):
-        if hasattr(monoid, "init_aval"):
-            return monoid.init_aval(num, aval)
-        return monoid.init(num, aval.shape, aval.dtype)
+        return monoid.init_aval(num, aval)
 
     def forward(consts, x, y):
         y = to_cols(y)
@@ -491,6 +488,11 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
     return run(consts, x, y)
 
 
+def _row_avals(tree):
+    """Shape/dtype of one row of every leaf (the leading axis dropped)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), tree)
+
+
 def _has_dot(jaxpr) -> bool:
     """Whether a jaxpr (or one nested in it) contracts with ``dot_general``."""
     for eqn in jaxpr.eqns:
@@ -504,8 +506,7 @@ def _has_dot(jaxpr) -> bool:
 
 
 def _check_kernel_output(name, monoid, kernel, x, y):
-    xi = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), x)
-    yj = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), y)
+    xi, yj = _row_avals(x), _row_avals(y)
     try:
         aval = jax.eval_shape(kernel, xi, yj)
     except Exception as e:  # the user's kernel failed on one (x[i], y[j]) pair
@@ -593,12 +594,6 @@ def pairwise_reduce(
 
 
 def _empty(monoid, kernel, x, y, m):
-    xi = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), x)
-    yj = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), y)
+    xi, yj = _row_avals(x), _row_avals(y)
     aval = jax.eval_shape(kernel, xi, yj)
-    st = (
-        monoid.init_aval(m, aval)
-        if hasattr(monoid, "init_aval")
-        else monoid.init(m, aval.shape, aval.dtype)
-    )
-    return monoid.finalize(st)
+    return monoid.finalize(monoid.init_aval(m, aval))

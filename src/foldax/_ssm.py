@@ -76,6 +76,20 @@ def _check_1d(name, **arrays):
             )
 
 
+def _check_poles(name, conjugate, **pair):
+    """The two ``(..., N)`` arrays share ``N``; ``conjugate=True`` needs both complex."""
+    (ka, a), (kb, b) = pair.items()
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"{name}: {ka} and {kb} must have the same last size N, got {a.shape} and {b.shape}."
+        )
+    if conjugate and not (jnp.iscomplexobj(a) and jnp.iscomplexobj(b)):
+        raise TypeError(
+            f"{name}: conjugate=True adds conjugate terms, meaningless for real {ka} "
+            f"({a.dtype}) and {kb} ({b.dtype}); pass complex arrays or conjugate=False."
+        )
+
+
 def cauchy(
     v: ArrayLike,
     z: ArrayLike,
@@ -115,15 +129,7 @@ def cauchy(
     name = "foldax.cauchy"
     _check_1d(name, v=v, z=z, w=w)
     v, z, w = jnp.asarray(v), jnp.asarray(z), jnp.asarray(w)
-    if v.shape[-1] != w.shape[-1]:
-        raise ValueError(
-            f"{name}: v and w must have the same last size N, got {v.shape} and {w.shape}."
-        )
-    if conjugate and not (jnp.iscomplexobj(v) and jnp.iscomplexobj(w)):
-        raise TypeError(
-            f"{name}: conjugate=True adds conjugate-pole terms, meaningless for real v "
-            f"({v.dtype}) and w ({w.dtype}); pass complex arrays or conjugate=False."
-        )
+    _check_poles(name, conjugate, v=v, w=w)
     batch = _batch_shape(name, v=v, z=z, w=w)
     dtype = jnp.result_type(v, z, w)
     v, z, w = v.astype(dtype), z.astype(dtype), w.astype(dtype)
@@ -184,15 +190,7 @@ def vandermonde(
         ) from None
     if length <= 0:
         raise ValueError(f"{name}: length must be positive, got {length}.")
-    if v.shape[-1] != x.shape[-1]:
-        raise ValueError(
-            f"{name}: v and x must have the same last size N, got {v.shape} and {x.shape}."
-        )
-    if conjugate and not (jnp.iscomplexobj(v) and jnp.iscomplexobj(x)):
-        raise TypeError(
-            f"{name}: conjugate=True adds conjugate terms, meaningless for real v ({v.dtype}) "
-            f"and x ({x.dtype}); pass complex arrays or conjugate=False."
-        )
+    _check_poles(name, conjugate, v=v, x=x)
     batch = _batch_shape(name, v=v, x=x)
     dtype = jnp.result_type(v, x)
     v, x = v.astype(dtype), x.astype(dtype)
