@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from . import _shard
 from ._monoid import _take
 
 # ----------------------------------------------------------------------------------------------
@@ -201,16 +202,33 @@ def choose_tile(n, sizes_static, num_segments, chunk):
     return t
 
 
-def make_tile_plan(n, sizes, offsets, num_segments, chunk):
-    """A :class:`TilePlan` from contiguous ``sizes``/``offsets`` (NumPy = static, else traced)."""
+def tile_layout(n, sizes_static, num_segments, chunk, tile=None, num_tiles=None):
+    """``(tile, group, steps)`` of a :class:`TilePlan` over ``n`` rows.
+
+    ``sizes_static`` (NumPy) gives the exact tile count; without it (traced sizes) the count is
+    bounded by ``N/T + S``. ``tile`` and ``num_tiles`` (an upper bound) may be given instead, for
+    traced sizes whose possible values are known (a device's share of static segments).
+    """
+    if tile is None:
+        tile = choose_tile(n, sizes_static, num_segments, chunk)
+    if num_tiles is None:
+        if sizes_static is not None:
+            num_tiles = int(np.sum(-(-np.asarray(sizes_static) // tile)))
+        else:
+            num_tiles = n // tile + num_segments
+    group = max(1, min(chunk // tile, num_tiles))
+    return tile, group, max(1, -(-num_tiles // group))
+
+
+def make_tile_plan(n, sizes, offsets, num_segments, chunk, tile=None, num_tiles=None):
+    """A :class:`TilePlan` from contiguous ``sizes``/``offsets`` (NumPy = static, else traced);
+    ``tile`` / ``num_tiles`` as in :func:`tile_layout`."""
     static = isinstance(sizes, np.ndarray)
-    tile = choose_tile(n, sizes if static else None, num_segments, chunk)
+    tile, group, steps = tile_layout(
+        n, sizes if static else None, num_segments, chunk, tile, num_tiles
+    )
     xp = np if static else jnp
     ends = xp.cumsum((sizes + (tile - 1)) // tile)
-    # Static sizes give the exact tile count; traced ones a bound (sum ceil(n/T) <= N/T + S).
-    num_tiles = int(ends[-1]) if static else n // tile + num_segments
-    group = max(1, min(chunk // tile, num_tiles))
-    steps = max(1, -(-num_tiles // group))
     arrs = [jnp.asarray(a, jnp.int32) for a in (ends, offsets, sizes)]
     return TilePlan(*arrs, n=n, num_segments=num_segments, tile=tile, group=group, steps=steps)
 
@@ -271,16 +289,18 @@ class _Static:
 # The engine
 
 
-def _convert(fn, data, plan):
+def _convert(fn, data, plan, axes=()):
     """Closure-convert ``fn`` for one chunk of rows: ``(body, consts)`` with ``body(consts, rows)``.
 
     Arrays that ``fn`` closes over (model parameters, batch tracers of an outer ``vmap``) become
-    explicit ``consts`` so that the custom VJP can differentiate with respect to them.
+    explicit ``consts`` so that the custom VJP can differentiate with respect to them. On a mesh
+    the example rows are typed as varying along ``axes`` (as the rows ``fn`` will see are), so
+    that the traced ``fn`` casts its constants to match and can be replayed inside ``shard_map``.
     """
     rows = plan.group * plan.tile
     if fn is None:
         return (lambda consts, r: r), ()
-    example = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype), data)
+    example = jax.tree.map(lambda a: _shard.row_example(a, rows, axes), data)
     conv, consts = jax.closure_convert(fn, example)
     return (lambda consts, r: conv(r, *consts)), tuple(consts)
 
@@ -295,12 +315,13 @@ def _per_row(seg, plan):
     return jnp.repeat(seg, plan.tile, total_repeat_length=plan.group * plan.tile)
 
 
-def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct):
+def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct, axes=()):
     """The shared backward pass: recompute every chunk and pull back its row cotangents.
 
     ``row_ct(x, v, seg, mask)`` returns the cotangent ``(G*T, *F)`` of the chunk's values ``v``
     (zero where ``mask`` is false). Returns cotangents for ``consts`` and ``data`` with ``None``
-    for leaves that were not perturbed.
+    for leaves that were not perturbed. On a mesh (``axes``) see :mod:`foldax._shard` for how
+    the cotangents of replicated inputs are summed over the devices.
     """
     dc, rc, tc = _split(consts, flags_c)
     dd, _, td = _split(data, flags_d)
@@ -327,25 +348,35 @@ def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct):
             plan.store_add(b, x, jnp.where(row_mask.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0))
             for b, g in zip(bufs, g_d, strict=True)
         ]
-        return (acc_c, bufs), None
+        return (acc_c, _shard.to_varying(bufs, axes)), None
 
+    # A cotangent has its primal's type: the consts' are complete on every device where the
+    # consts are replicated (the traced fn casts them to varying; JAX transposes that cast into
+    # a psum), so only the row buffers are varying.
     init = ([jnp.zeros_like(c) for c in want_c], [jnp.zeros_like(d) for d in want_d])
-    (acc_c, bufs), _ = lax.scan(step, init, plan.xs())
+    (acc_c, bufs), _ = lax.scan(step, (init[0], _shard.to_varying(init[1], axes)), plan.xs())
+    bufs = [_shard.reduce_cotangent(b, d, axes) for b, d in zip(bufs, want_d, strict=True)]
     it_c, it_d = iter(acc_c), iter(bufs)
     ct_c = jax.tree.unflatten(tc, [next(it_c) if d is not None else None for d in dc])
     ct_d = jax.tree.unflatten(td, [next(it_d) if d is not None else None for d in dd])
     return ct_c, ct_d
 
 
-def _fold_states(monoid, body, consts, data, plan, fshape, dtype):
-    """The forward fold: ``monoid`` states ``(num_segments, *fshape)`` of ``body`` over the plan."""
+def _fold_states(monoid, body, consts, data, plan, fshape, dtype, axes=()):
+    """The forward fold: ``monoid`` states ``(num_segments, *fshape)`` of ``body`` over the plan.
+
+    On a mesh (``axes``: the rows are split over these axes), each device folds its rows and the
+    partial states are combined across devices with ``monoid.allreduce``.
+    """
 
     def step(carry, x):
         v, seg, mask = _values(plan, body, consts, data, x)
-        return monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask)), None
+        new = monoid.scatter(carry, seg, monoid.reduce(_tiles(v, plan), mask))
+        return _shard.to_varying(new, axes), None
 
-    state, _ = lax.scan(step, monoid.init(plan.num_segments, fshape, dtype), plan.xs())
-    return state
+    init = _shard.to_varying(monoid.init(plan.num_segments, fshape, dtype), axes)
+    state, _ = lax.scan(step, init, plan.xs())
+    return monoid.allreduce(state, axes) if axes else state
 
 
 def _values(plan, body, consts, data, x):
@@ -353,14 +384,15 @@ def _values(plan, body, consts, data, x):
     return body(consts, rows, _per_row(seg, plan)), seg, mask
 
 
-def fold(monoid, fn, data, plan):
+def fold(monoid, fn, data, plan, axes=()):
     """Reduce ``fn(rows)`` (or the rows themselves) into ``plan.num_segments`` monoid results.
 
     Returns ``monoid.finalize(state)`` of shape ``(num_segments, *F)``. Custom VJP: the residuals
     are the inputs and ``monoid.grad_info`` per segment; the backward pass is a second streamed
-    fold that recomputes ``fn`` chunk by chunk.
+    fold that recomputes ``fn`` chunk by chunk. Inside ``shard_map`` with the rows split over
+    mesh ``axes``, ``plan`` walks this device's rows and the states are all-reduced.
     """
-    inner, consts = _convert(fn, data, plan)
+    inner, consts = _convert(fn, data, plan, axes)
 
     def body(c, r, segr):
         return inner(c, r)
@@ -369,7 +401,7 @@ def fold(monoid, fn, data, plan):
     fshape = v_aval.shape[1:]
 
     def forward(consts, data, plan):
-        return _fold_states(monoid, body, consts, data, plan, fshape, v_aval.dtype)
+        return _fold_states(monoid, body, consts, data, plan, fshape, v_aval.dtype, axes)
 
     def finalize(state):
         return _as_values_dtype(monoid.finalize(state), v_aval.dtype)
@@ -397,7 +429,7 @@ def fold(monoid, fn, data, plan):
         flags_c, flags_d = flags.value
         if isinstance(g, SymbolicZero) or not (any(flags_c) or any(flags_d)):
             return (_nones(consts), _nones(data), _nones(plan))
-        g = jnp.asarray(g)
+        g = _shard.replicated_cotangent(jnp.asarray(g), axes)
 
         def row_ct(x, v, seg, mask):
             mask = mask & (seg < plan.num_segments)[:, None]  # dropped rows get no gradient
@@ -405,7 +437,7 @@ def fold(monoid, fn, data, plan):
             ct = monoid.row_cotangent(_tiles(v, plan), mask, info_t, _take(g, seg))
             return ct.reshape(v.shape)
 
-        ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct)
+        ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct, axes)
         return (ct_c, ct_d, _nones(plan))
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
@@ -423,7 +455,7 @@ def _row_mask(mask, v):
     return mask.reshape((-1,) + (1,) * (v.ndim - 1))
 
 
-def normalize(fn, data, plan, log):
+def normalize(fn, data, plan, log, axes=()):
     """Per-row ``fn(rows) - logsumexp_segment`` (``log``) or its ``exp`` (a segment softmax).
 
     Forward: a log-sum-exp fold, then a streamed pass writing the ``(N, *F)`` result; rows in no
@@ -431,10 +463,11 @@ def normalize(fn, data, plan, log):
     the backward pass folds the per-segment sum of ``g`` (log-softmax) or ``g * y`` (softmax),
     then pulls the row cotangents ``g - y * sum`` / ``y * (g - sum)`` back through a recomputed
     ``fn``, chunk by chunk. Only one ``(N, ...)`` buffer per differentiated input is written.
+    On a mesh (``axes``) the two per-segment folds are all-reduced; the rows stay local.
     """
     from ._monoid import LOGSUMEXP, SUM
 
-    inner, consts = _convert(fn, data, plan)
+    inner, consts = _convert(fn, data, plan, axes)
     num = plan.num_segments
 
     def body(c, r, segr):
@@ -443,7 +476,7 @@ def normalize(fn, data, plan, log):
     v_aval = jax.eval_shape(lambda c, d: _values(plan, body, c, d, _first_x(plan))[0], consts, data)
 
     def reduce(monoid, body, consts, data, plan, fshape, dtype):
-        return monoid.finalize(_fold_states(monoid, body, consts, data, plan, fshape, dtype))
+        return monoid.finalize(_fold_states(monoid, body, consts, data, plan, fshape, dtype, axes))
 
     def probs(v, lse_r, segr, take_log):
         z = v - lse_r
@@ -457,10 +490,11 @@ def normalize(fn, data, plan, log):
         def step(buf, x):
             v, seg, mask = _values(plan, body, consts, data, x)
             out = probs(v, _rows_of(lse, seg, plan), _per_row(seg, plan), log)
-            return plan.store_add(buf, x, jnp.where(_row_mask(mask.reshape(-1), out), out, 0)), None
+            buf = plan.store_add(buf, x, jnp.where(_row_mask(mask.reshape(-1), out), out, 0))
+            return _shard.to_varying(buf, axes), None
 
         init = plan.blank((plan.n, *v_aval.shape[1:]), v_aval.dtype, np.nan)
-        buf, _ = lax.scan(step, init, plan.xs())
+        buf, _ = lax.scan(step, _shard.to_varying(init, axes), plan.xs())
         return buf, lse
 
     @jax.custom_vjp
@@ -500,7 +534,7 @@ def normalize(fn, data, plan, log):
             ct = gr - y * t if log else y * (gr - t)
             return jnp.where(ok, ct, jnp.zeros((), ct.dtype))
 
-        ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct)
+        ct_c, ct_d = _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct, axes)
         return (ct_c, ct_d, _nones(plan))
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)

@@ -8,6 +8,10 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
 * ``combine(a, b)``: merge two states elementwise (associative, commutative);
 * ``scatter(carry, seg, st)``: merge tile states ``st`` (``(G, *F)``) into the slots ``seg``
   (``(G,)`` int, in ``[0, num]``; the value ``num`` means *drop*) of ``carry`` (``(num, *F)``);
+* ``allreduce(state, axes)``: ``combine`` the states of every device along the mesh ``axes``
+  (inside ``shard_map``): the default all-gathers the (small) states and folds them with
+  ``combine``, so every monoid distributes; sums, extrema and log-sum-exps use ``psum`` /
+  ``pmax`` instead;
 * ``finalize(state)``: the public result;
 * ``grad_info(state)``: the per-slot arrays the backward pass needs (e.g. the log-sum-exp itself);
 * ``row_cotangent(v, mask, info, g)``: for the custom VJP, the cotangent of every reduced value,
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 
 def _expand(a, ndim):
@@ -60,6 +66,15 @@ def _take(a, seg):
     return a[jnp.minimum(seg, a.shape[0] - 1)]
 
 
+def _p_extreme(m, axes, is_max):
+    """``pmax`` / ``pmin`` across devices; NaN wins whatever the backend's all-reduce does."""
+    best = lax.pmax(m, axes) if is_max else lax.pmin(m, axes)
+    if jnp.issubdtype(m.dtype, jnp.floating):
+        nan = lax.psum(jnp.isnan(m).astype(jnp.int32), axes) > 0
+        best = jnp.where(nan, jnp.asarray(np.nan, m.dtype), best)
+    return best
+
+
 def _lowest(dtype):
     if jnp.issubdtype(dtype, jnp.floating):
         return -np.inf
@@ -86,6 +101,18 @@ class Monoid:
 
     def combine(self, a, b):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def allreduce(self, state, axes):
+        """``combine`` the states of all devices along ``axes``: all-gather, then fold.
+
+        The states are per output slot (``(S, ...)``), never per row, so gathering them is
+        cheap; subclasses with an associative collective (``psum``, ``pmax``) override this.
+        """
+        gathered = jax.tree.map(lambda a: lax.all_gather(a, axes), state)
+        first = jax.tree.map(lambda a: a[0], gathered)
+        rest = jax.tree.map(lambda a: a[1:], gathered)
+        out, _ = lax.scan(lambda acc, st: (self.combine(acc, st), None), first, rest)
+        return out
 
     def init_aval(self, num, aval):
         """The identity state for values of ``aval`` (a ``ShapeDtypeStruct`` or a pytree of them)."""
@@ -124,6 +151,9 @@ class Sum(Monoid):
     def combine(self, a, b):
         return (a[0] + b[0],)
 
+    def allreduce(self, state, axes):
+        return (lax.psum(state[0], axes),)
+
     def scatter(self, carry, seg, st):
         return (carry[0] + _scatter_add(carry[0].shape[0], seg, st[0]),)
 
@@ -160,6 +190,9 @@ class Mean(Monoid):
 
     def combine(self, a, b):
         return (a[0] + b[0], a[1] + b[1])
+
+    def allreduce(self, state, axes):
+        return (lax.psum(state[0], axes), lax.psum(state[1], axes))
 
     def scatter(self, carry, seg, st):
         n = carry[0].shape[0]
@@ -211,6 +244,11 @@ class _Extremum(Monoid):
         m = self._better(a[0], b[0])
         c = jnp.where(a[0] == m, a[1], 0) + jnp.where(b[0] == m, b[1], 0)
         return (m, c)
+
+    def allreduce(self, state, axes):
+        m, c = state
+        best = _p_extreme(m, axes, self.is_max)
+        return (best, lax.psum(jnp.where(m == best, c, 0), axes))
 
     def scatter(self, carry, seg, st):
         cm, cc = carry
@@ -270,6 +308,12 @@ class LogSumExp(Monoid):
         m = jnp.maximum(a[0], b[0])
         s = _rescale(a[1], a[0], m) + _rescale(b[1], b[0], m)
         return (m, s, a[2] + b[2]) if self.mean else (m, s)
+
+    def allreduce(self, state, axes):
+        # A NaN anywhere makes that slot's sum NaN, whatever pmax does with it.
+        m = lax.pmax(state[0], axes)
+        s = lax.psum(_rescale(state[1], state[0], m), axes)
+        return (m, s, lax.psum(state[2], axes)) if self.mean else (m, s)
 
     def scatter(self, carry, seg, st):
         cm, cs = carry[0], carry[1]

@@ -7,16 +7,19 @@ the user called.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
-from . import _fold
-from ._monoid import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM, Monoid
+from . import _fold, _shard
+from ._monoid import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
 
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike, Int
@@ -93,8 +96,12 @@ def _default_chunk(data, aval, fn) -> int:
     return int(min(max(rows, MIN_CHUNK), MAX_CHUNK))
 
 
-def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, chunk):
-    """Validate the partition arguments and build the fold plan."""
+def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_ids=None):
+    """Validate the partition arguments and describe the partition.
+
+    ``n`` counts all rows (``sizes`` / ``offsets`` describe them all), ``n_ids`` the rows that
+    ``segment_ids`` labels (this device's, inside ``shard_map``; default ``n``).
+    """
     given = [
         k
         for k, v in (("segment_ids", segment_ids), ("sizes", sizes), ("offsets", offsets))
@@ -118,7 +125,8 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
             raise ValueError(f"{name}: num_segments must be >= 0, got {num_segments}.")
 
     if segment_ids is not None:
-        return _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, chunk)
+        n_ids = n if n_ids is None else n_ids
+        return _from_segment_ids(name, n_ids, segment_ids, num_segments, indices_are_sorted)
 
     if sizes is not None:
         arg, x = "sizes", sizes
@@ -170,7 +178,7 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
                 )
             sz = np.diff(static)
             off = static[:-1]
-        return _tile_plan(n, sz, off, count, chunk)
+        return _Empty(count) if count == 0 or n == 0 else _Contiguous(sz, off, count)
     # Traced: values cannot be checked at trace time (documented).
     x = jnp.asarray(x).astype(jnp.int32)
     if arg == "sizes":
@@ -179,16 +187,10 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
     else:
         sz = jnp.diff(x)
         off = x[:-1]
-    return _tile_plan(n, sz, off, count, chunk)
+    return _Empty(count) if count == 0 or n == 0 else _Contiguous(sz, off, count)
 
 
-def _tile_plan(n, sizes, offsets, count, chunk):
-    if count == 0 or n == 0:
-        return _EmptyPlan(n, count)
-    return _fold.make_tile_plan(n, sizes, offsets, count, chunk)
-
-
-def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, chunk):
+def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted):
     _check_int_dtype(name, "segment_ids", jnp.result_type(segment_ids))
     if jnp.shape(segment_ids) != (n,):
         raise ValueError(
@@ -204,24 +206,90 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, ch
             )
         num_segments = int(static.max()) + 1 if static.size else 0
     if num_segments == 0 or n == 0:
-        return _EmptyPlan(n, num_segments)
+        return _Empty(num_segments)
     if static is not None and (static.size < 2 or np.all(np.diff(static) >= 0)):
         # Known and sorted: contiguous segments, the fast tiled path.
         bounds = np.searchsorted(static, np.arange(num_segments + 1), side="left")
-        return _fold.make_tile_plan(n, np.diff(bounds), bounds[:-1], num_segments, chunk)
-    if indices_are_sorted and static is None:
-        ids = jnp.asarray(segment_ids)
-        bounds = jnp.searchsorted(ids, jnp.arange(num_segments + 1, dtype=ids.dtype), side="left")
-        bounds = bounds.astype(jnp.int32)
-        return _fold.make_tile_plan(n, jnp.diff(bounds), bounds[:-1], num_segments, chunk)
-    return _fold.make_row_plan(n, jnp.asarray(segment_ids), num_segments, chunk)
+        return _Contiguous(np.diff(bounds), bounds[:-1], num_segments)
+    return _Ids(jnp.asarray(segment_ids), num_segments, bool(indices_are_sorted and static is None))
 
 
-class _EmptyPlan:
+class _Empty:
     """No rows or no segments: the result is the monoid's identity, no loop needed."""
 
-    def __init__(self, n, num_segments):
-        self.n, self.num_segments = n, num_segments
+    def __init__(self, num_segments):
+        self.num_segments = num_segments
+
+
+class _Contiguous:
+    """Segments ``s`` = rows ``offsets[s] : offsets[s] + sizes[s]`` (NumPy = static, or traced)."""
+
+    def __init__(self, sizes, offsets, count):
+        self.sizes, self.offsets, self.num_segments = sizes, offsets, count
+        self.static = isinstance(sizes, np.ndarray)
+
+    def arrays(self):
+        """The traced arrays (replicated on a mesh); static ones stay Python constants."""
+        return () if self.static else (self.sizes, self.offsets)
+
+    def _tiling(self, n, chunk, devices):
+        """``(tile, num_tiles)`` common to the ``devices`` shares of ``n`` rows, or Nones."""
+        if devices == 1 or not self.static:
+            return None, None
+        # Static segments: every device's share is known, so is the best common tile.
+        end = self.offsets + self.sizes
+        shares = [
+            np.clip(end - d * n, 0, n) - np.clip(self.offsets - d * n, 0, n) for d in range(devices)
+        ]
+        tile = min(_fold.choose_tile(n, sh, self.num_segments, chunk) for sh in shares)
+        return tile, max(int(np.sum(-(-sh // tile))) for sh in shares)
+
+    def step_rows(self, n, chunk, devices):
+        """Rows per step of the plan over ``n`` rows (static; the same on every device)."""
+        tile, num_tiles = self._tiling(n, chunk, devices)
+        static = self.sizes if self.static and devices == 1 else None
+        tile, group, _ = _fold.tile_layout(n, static, self.num_segments, chunk, tile, num_tiles)
+        return tile * group
+
+    def plan(self, n, chunk, arrays=(), axes=(), devices=1):
+        """The plan over this device's ``n`` rows (all rows when ``axes`` is empty)."""
+        sizes, offsets = arrays or (self.sizes, self.offsets)
+        if not axes:
+            return _fold.make_tile_plan(n, sizes, offsets, self.num_segments, chunk)
+        # Rows [start, start + n) are this device's: clip every segment to them.
+        start = _shard.device_index(axes) * n
+        lo = jnp.clip(jnp.asarray(offsets, jnp.int32) - start, 0, n)
+        hi = jnp.clip(jnp.asarray(offsets + sizes, jnp.int32) - start, 0, n)
+        tile, num_tiles = self._tiling(n, chunk, devices)
+        return _fold.make_tile_plan(n, hi - lo, lo, self.num_segments, chunk, tile, num_tiles)
+
+
+class _Ids:
+    """Per-row ``segment_ids`` (traced, or static but unsorted)."""
+
+    def __init__(self, ids, num_segments, sorted_):
+        self.ids, self.num_segments, self.sorted = ids, num_segments, sorted_
+
+    def arrays(self):
+        return (self.ids,)
+
+    def step_rows(self, n, chunk, devices):
+        if self.sorted:
+            tile, group, _ = _fold.tile_layout(n, None, self.num_segments, chunk)
+            return tile * group
+        return max(1, min(chunk, n))
+
+    def plan(self, n, chunk, arrays=(), axes=(), devices=1):
+        """The plan over this device's ``n`` rows (``arrays``: its slice of the ids)."""
+        (ids,) = arrays or (self.ids,)
+        if self.sorted:
+            # Traced but sorted (the caller says so): contiguous segments from the ids.
+            b = jnp.searchsorted(
+                ids, jnp.arange(self.num_segments + 1, dtype=ids.dtype), side="left"
+            )
+            b = b.astype(jnp.int32)
+            return _fold.make_tile_plan(n, jnp.diff(b), b[:-1], self.num_segments, chunk)
+        return _fold.make_row_plan(n, ids, self.num_segments, chunk)
 
 
 def _value_aval(name, data, fn, n):
@@ -252,9 +320,9 @@ def _value_aval(name, data, fn, n):
     return jax.ShapeDtypeStruct((n, *out.shape[1:]), out.dtype)
 
 
-def _prepare(
+def _segment(
     name,
-    monoid,
+    op,
     data,
     segment_ids,
     num_segments,
@@ -263,74 +331,106 @@ def _prepare(
     fn,
     chunk_size,
     indices_are_sorted,
+    axis_name,
 ):
+    """The one engine behind every ``segment_*``: validate, then fold (``op``: a monoid) or
+    normalize (``op``: ``"softmax"`` / ``"log_softmax"``), on one device or on a mesh."""
+    normal = isinstance(op, str)
+    monoid = LOGSUMEXP if normal else op
     if fn is None and not hasattr(data, "shape"):
         data = jnp.asarray(data) if isinstance(data, list | tuple | float | int) else data
-    n = _num_rows(name, data)
+    axes = _shard.axis_tuple(name, axis_name)
+    n = n_rows = _num_rows(name, data)  # this device's rows inside shard_map, else all rows
     aval = _value_aval(name, data, fn, n)
     monoid.check_dtype(name, "fn(data)" if fn is not None else "data", aval.dtype)
+    mesh = None
+    devices = _shard.device_count(axes)
+    if not axes:
+        ids = [segment_ids] if segment_ids is not None and not _is_numpy(segment_ids) else []
+        found = _shard.row_axes(jax.tree.leaves(data) + ids, n)
+        if found is not None:
+            mesh, axes = found
+            devices = math.prod(mesh.shape[a] for a in axes)
+    n_global = n * devices if mesh is None else n
+    part = _partition(
+        name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows
+    )
     chunk = _chunk(name, chunk_size, data, aval, fn)
-    plan = _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, chunk)
-    return data, aval, plan
 
-
-def _segment_reduce(
-    name,
-    monoid: Monoid,
-    data,
-    segment_ids,
-    num_segments,
-    sizes,
-    offsets,
-    fn,
-    chunk_size,
-    indices_are_sorted,
-):
-    data, aval, plan = _prepare(
-        name,
-        monoid,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-    )
-    if isinstance(plan, _EmptyPlan):
-        state = monoid.init(plan.num_segments, aval.shape[1:], aval.dtype)
+    if isinstance(part, _Empty):
+        if normal:
+            return jnp.full(aval.shape, np.nan, aval.dtype)
+        state = monoid.init(part.num_segments, aval.shape[1:], aval.dtype)
         return _fold._as_values_dtype(monoid.finalize(state), aval.dtype)
-    return _fold.fold(monoid, fn, data, plan)
+
+    n_local = n_global // devices
+
+    def local(data, arrays, fn):
+        plan = part.plan(n_local, chunk, arrays, axes, devices)
+        if normal:
+            return _fold.normalize(fn, data, plan, op == "log_softmax", axes)
+        return _fold.fold(monoid, fn, data, plan, axes)
+
+    if mesh is None:
+        return local(data, part.arrays(), fn)
+    rows = part.step_rows(n_local, chunk, devices)
+    return _on_mesh(mesh, axes, local, data, part, fn, rows, normal)
 
 
-def _segment_normalize(
-    name,
-    log: bool,
-    data,
-    segment_ids,
-    num_segments,
-    sizes,
-    offsets,
-    fn,
-    chunk_size,
-    indices_are_sorted,
-):
-    data, aval, plan = _prepare(
-        name,
-        LOGSUMEXP,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
+def _is_numpy(x) -> bool:
+    return isinstance(x, np.ndarray | list | tuple)
+
+
+def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
+    """Run ``local`` under ``shard_map``: rows (``data``, ids) split over ``axes``; traced
+    ``sizes`` / ``offsets`` and the arrays ``fn`` closes over are replicated.
+
+    ``fn`` is traced here for a step of ``rows`` rows and replayed inside, with the arrays it
+    closes over passed in explicitly (``shard_map`` cannot close over arrays on Explicit axes).
+    The ``shard_map`` leaves varying-axes typing off (``check_vma=False``): a replayed trace has
+    untyped constants; the fold's custom VJP follows the matching cotangent convention.
+    """
+    split = P(axes)
+    arrays = part.arrays()
+    # The ids are split like the rows; traced sizes / offsets are replicated.
+    arr_specs = tuple(split if isinstance(part, _Ids) else P() for _ in arrays)
+    replay, consts = _replayable(fn, data, rows)
+
+    def body(data, arrays, consts):
+        return local(data, arrays, replay(consts))
+
+    data = _shard.place(data, mesh, lambda a: P(axes, *([None] * (jnp.ndim(a) - 1))))
+    arrays = tuple(
+        _shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, arr_specs, strict=True)
     )
-    if isinstance(plan, _EmptyPlan):
-        return jnp.full(aval.shape, np.nan, aval.dtype)
-    return _fold.normalize(fn, data, plan, log)
+    consts = _shard.place(consts, mesh, lambda a: P())
+    run = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(jax.tree.map(lambda _: split, data), arr_specs, [P() for _ in consts]),
+        out_specs=split if per_row else P(),
+        axis_names=frozenset(axes),
+        check_vma=False,
+    )
+    return run(data, arrays, consts)
+
+
+def _replayable(fn, data, rows):
+    """``(replay, consts)``: ``replay(consts)`` is ``fn`` for chunks of ``rows`` rows, with every
+    array ``fn`` closes over (``consts``) passed in explicitly."""
+    if fn is None:
+        return (lambda consts: None), []
+    example = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct((rows, *jnp.shape(a)[1:]), jnp.result_type(a)), data
+    )
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(example)
+    out_tree = jax.tree.structure(out_shape)
+
+    def replay(consts):
+        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
+        return lambda r: jax.tree.unflatten(out_tree, run(*jax.tree.leaves(r)))
+
+    return replay, [jnp.asarray(c) for c in closed.consts]
 
 
 _PARTITION_DOC = """
@@ -403,8 +503,9 @@ def segment_sum(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_reduce(
+    return _segment(
         "foldax.segment_sum",
         SUM,
         data,
@@ -415,6 +516,7 @@ def segment_sum(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -428,8 +530,9 @@ def segment_mean(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_reduce(
+    return _segment(
         "foldax.segment_mean",
         MEAN,
         data,
@@ -440,6 +543,7 @@ def segment_mean(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -453,8 +557,9 @@ def segment_max(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_reduce(
+    return _segment(
         "foldax.segment_max",
         MAX,
         data,
@@ -465,6 +570,7 @@ def segment_max(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -478,8 +584,9 @@ def segment_min(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_reduce(
+    return _segment(
         "foldax.segment_min",
         MIN,
         data,
@@ -490,6 +597,7 @@ def segment_min(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -503,8 +611,9 @@ def segment_logsumexp(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_reduce(
+    return _segment(
         "foldax.segment_logsumexp",
         LOGSUMEXP,
         data,
@@ -515,6 +624,7 @@ def segment_logsumexp(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -528,8 +638,9 @@ def segment_logmeanexp(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_reduce(
+    return _segment(
         "foldax.segment_logmeanexp",
         LOGMEANEXP,
         data,
@@ -540,6 +651,7 @@ def segment_logmeanexp(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -553,10 +665,11 @@ def segment_log_softmax(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_normalize(
+    return _segment(
         "foldax.segment_log_softmax",
-        True,
+        "log_softmax",
         data,
         segment_ids,
         num_segments,
@@ -565,6 +678,7 @@ def segment_log_softmax(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
@@ -578,10 +692,11 @@ def segment_softmax(
     fn: Callable | None = None,
     chunk_size: int | None = None,
     indices_are_sorted: bool = False,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment_normalize(
+    return _segment(
         "foldax.segment_softmax",
-        False,
+        "softmax",
         data,
         segment_ids,
         num_segments,
@@ -590,6 +705,7 @@ def segment_softmax(
         fn,
         chunk_size,
         indices_are_sorted,
+        axis_name,
     )
 
 
