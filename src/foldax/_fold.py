@@ -300,7 +300,7 @@ def _convert(fn, data, plan, axes=()):
     rows = plan.group * plan.tile
     if fn is None:
         return (lambda consts, r: r), ()
-    example = jax.tree.map(lambda a: _shard.row_example(a, rows, axes), data)
+    example = jax.tree.map(lambda a: _shard.example(a, (rows, *jnp.shape(a)[1:]), axes), data)
     conv, consts = jax.closure_convert(fn, example)
     return (lambda consts, r: conv(r, *consts)), tuple(consts)
 
@@ -340,7 +340,7 @@ def _streamed_vjp(plan, body, consts, data, flags_c, flags_d, row_ct, axes=()):
             return body(full_c, full_d, _per_row(seg, plan))
 
         v, pull = jax.vjp(f, want_c, [r for r in rows_d if r is not None])
-        ct = row_ct(x, v, seg, mask)
+        ct = _shard.to_varying(row_ct(x, v, seg, mask), axes)  # typed like v
         g_c, g_d = pull(ct)
         acc_c = [a + g for a, g in zip(acc_c, g_c, strict=True)]
         row_mask = mask.reshape(-1)

@@ -103,12 +103,22 @@ class Monoid:
         raise NotImplementedError
 
     def allreduce(self, state, axes):
-        """``combine`` the states of all devices along ``axes``: all-gather, then fold.
+        """``combine`` the states of all devices along ``axes``: gather them, then fold.
 
         The states are per output slot (``(S, ...)``), never per row, so gathering them is
-        cheap; subclasses with an associative collective (``psum``, ``pmax``) override this.
+        cheap. The gather is a ``psum`` of each device's state placed in its own slot, whose
+        result is typed as replicated (``all_gather``'s is not). Subclasses with an associative
+        collective (``psum``, ``pmax``) override this.
         """
-        gathered = jax.tree.map(lambda a: lax.all_gather(a, axes), state)
+        from . import _shard
+
+        count, me = _shard.device_count(axes), _shard.device_index(axes)
+
+        def gather(a):
+            slots = jnp.zeros((count, *a.shape), a.dtype)
+            return lax.psum(lax.dynamic_update_index_in_dim(slots, a, me, 0), axes)
+
+        gathered = jax.tree.map(gather, state)
         first = jax.tree.map(lambda a: a[0], gathered)
         rest = jax.tree.map(lambda a: a[1:], gathered)
         out, _ = lax.scan(lambda acc, st: (self.combine(acc, st), None), first, rest)

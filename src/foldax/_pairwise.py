@@ -12,18 +12,32 @@ Blocks are read with a clamped start (``min(t * b, size - b)``) and an *own* mas
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
+from jax.sharding import PartitionSpec as P
 
+from . import _shard
 from ._fold import _merge, _nones, _split, _Static, _unwrap
-from ._monoid import LOGSUMEXP, MAX, MIN, SUM, Monoid, _expand, _finite_or_zero, _rescale
+from ._monoid import (
+    LOGSUMEXP,
+    MAX,
+    MIN,
+    SUM,
+    Monoid,
+    _expand,
+    _finite_or_zero,
+    _p_extreme,
+    _rescale,
+)
 
 if TYPE_CHECKING:
     from jaxtyping import Array
@@ -69,6 +83,15 @@ class ArgExtremum(Monoid):
         val = jnp.take_along_axis(w, pos[:, None], axis=1)[:, 0]
         idx = jnp.where(jnp.any(m, axis=1), index[pos], np.iinfo(np.int32).max).astype(jnp.int32)
         return (val, idx)
+
+    def allreduce(self, state, axes):
+        val, idx = state
+        best = _p_extreme(val, axes, self.is_max)
+        hit = val == best
+        if jnp.issubdtype(val.dtype, jnp.floating):
+            hit = hit | (jnp.isnan(val) & jnp.isnan(best))
+        none = np.iinfo(np.int32).max
+        return (best, lax.pmin(jnp.where(hit, idx, none), axes))
 
     def combine(self, a, b):
         # b comes from later columns: it wins only if strictly better (ties keep the first index)
@@ -177,6 +200,13 @@ class SoftmaxSum(Monoid):
         fb = jnp.where(b[1] != 0, _rescale(jnp.ones_like(b[1]), b[0], m), zero)
         acc = a[2] * _expand(fa, a[2].ndim) + b[2] * _expand(fb, b[2].ndim)
         return (m, a[1] * fa + b[1] * fb, acc)
+
+    def allreduce(self, state, axes):
+        m = lax.pmax(state[0], axes)
+        zero = jnp.zeros((), state[1].dtype)
+        f = jnp.where(state[1] != 0, _rescale(jnp.ones_like(state[1]), state[0], m), zero)
+        acc = lax.psum(state[2] * _expand(f, state[2].ndim), axes)
+        return (m, lax.psum(state[1] * f, axes), acc)
 
     def finalize(self, st):
         return st[2] / _expand(st[1], st[2].ndim)
@@ -315,14 +345,31 @@ def _block_sizes(name, block_size, m, n):
     return min(bi, m), min(bj, n)
 
 
-def pairwise(name, kernel, x, y, monoid, bi, bj):
-    """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, with a custom VJP."""
+def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
+    """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, with a custom VJP.
+
+    On a mesh, ``axes`` are the mesh axes that split the rows of ``y`` (inside ``shard_map``):
+    ``y`` is this device's rows, ``x`` is the same on every device along ``axes``, and the
+    per-row states are all-reduced along them (indices count from this device's first row).
+    """
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
     # y is walked transposed (rows last, see ``tile``): one O(N) copy, made once per call.
     rows_i, rows_j = _Blocks(m, bi), _Blocks(n, bj, axis=-1)
     to_cols = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, 0, -1), t)  # noqa: E731
     to_rows = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), t)  # noqa: E731
-    xi, yj = _row_avals(x), _row_avals(y)
+
+    def first_j():
+        """Index of this device's first row of y (called where used: a tracer must not leak
+        into the custom VJP's rules)."""
+        return _shard.device_index(axes) * n if axes else 0
+
+    if axes and _shard.types_checked(axes):
+        # x meets rows of y that differ per device: make it varying here, outside the custom
+        # VJP, so that its cotangent is accumulated locally and summed once (the cast's
+        # transpose) instead of once per tile.
+        x = _shard.to_varying(x, axes)
+    xi = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), x)
+    yj = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), y)
     conv, hoisted = jax.closure_convert(kernel, xi, yj)
     consts = tuple(hoisted)
     aval = jax.eval_shape(conv, xi, yj, *consts)
@@ -382,17 +429,20 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
                 sj, own_j = rows_j.at(tj)
                 v = tile(consts, xb, rows_j.read(y, sj))
                 mask = jnp.broadcast_to(own_j[None, :], (bi, bj))
-                extra = (sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
-                return monoid.combine(st, monoid.reduce(v, mask, *extra)), None
+                extra = (first_j() + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
+                st = monoid.combine(st, monoid.reduce(v, mask, *extra))
+                return _shard.to_varying(st, axes), None
 
-            st, _ = lax.scan(inner, init(bi), jnp.arange(rows_j.steps, dtype=jnp.int32))
+            st0 = _shard.to_varying(init(bi), axes)
+            st, _ = lax.scan(inner, st0, jnp.arange(rows_j.steps, dtype=jnp.int32))
             state_all = jax.tree.map(
                 lambda a, b: lax.dynamic_update_slice_in_dim(a, b, si, axis=0), state_all, st
             )
             return state_all, None
 
-        state, _ = lax.scan(outer, init(m), jnp.arange(rows_i.steps, dtype=jnp.int32))
-        return state
+        steps_i = jnp.arange(rows_i.steps, dtype=jnp.int32)
+        state, _ = lax.scan(outer, _shard.to_varying(init(m), axes), steps_i)
+        return monoid.allreduce(state, axes) if axes else state
 
     if isinstance(monoid, ArgExtremum):
         # Integer output: nothing to differentiate.
@@ -426,7 +476,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
                 return jnp.zeros(t.aval.shape, t.aval.dtype)
             return jnp.zeros(t.aval.shape, jnp.int32)  # an integer output's: never read
 
-        g = jax.tree.map(dense, g, is_leaf=is_zero)
+        g = _shard.replicated_cotangent(jax.tree.map(dense, g, is_leaf=is_zero), axes)
         y = to_cols(y)
         dc, rc, tc = _split(consts, fc)
         dx, _rx, tx = _split(x, fx)
@@ -458,25 +508,27 @@ def pairwise(name, kernel, x, y, monoid, bi, bj):
 
                 v, pull = jax.vjp(f, keep(dc), keep(xb_d), keep(yb_d))
                 mask = own_i[:, None] & own_j[None, :]
-                extra = (sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
-                ct_v = monoid.row_cotangent(v, mask, info_b, g_b, *extra)
+                extra = (first_j() + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
+                # typed like v (varying on a mesh) whatever the monoid's formula keeps
+                ct_v = _shard.to_varying(monoid.row_cotangent(v, mask, info_b, g_b, *extra), axes)
                 gc, gx, gy = pull(ct_v)
                 acc_c = [a + b for a, b in zip(acc_c, gc, strict=True)]
                 ct_xb = [a + b for a, b in zip(ct_xb, gx, strict=True)]
                 ct_y = [rows_j.add(a, sj, b, own_j) for a, b in zip(ct_y, gy, strict=True)]
-                return (acc_c, ct_xb, ct_y), None
+                return (acc_c, *_shard.to_varying((ct_xb, ct_y), axes)), None
 
-            init2 = (acc_c, [jnp.zeros((bi, *a.shape[1:]), a.dtype) for a in keep(dx)], ct_y)
+            ct_xb0 = [jnp.zeros((bi, *a.shape[1:]), a.dtype) for a in keep(dx)]
+            init2 = (acc_c, *_shard.to_varying((ct_xb0, ct_y), axes))
             (acc_c, ct_xb, ct_y), _ = lax.scan(
                 inner, init2, jnp.arange(rows_j.steps, dtype=jnp.int32)
             )
             ct_x = [rows_i.add(a, si, b, own_i) for a, b in zip(ct_x, ct_xb, strict=True)]
-            return (acc_c, ct_x, ct_y), None
+            return (acc_c, *_shard.to_varying((ct_x, ct_y), axes)), None
 
+        # The consts' cotangents have their type (see foldax._shard); x's and y's are varying.
         zeros = lambda d: [jnp.zeros_like(a) for a in keep(d)]  # noqa: E731
-        (acc_c, ct_x, ct_y), _ = lax.scan(
-            outer, (zeros(dc), zeros(dx), zeros(dy)), jnp.arange(rows_i.steps, dtype=jnp.int32)
-        )
+        init = (zeros(dc), *_shard.to_varying((zeros(dx), zeros(dy)), axes))
+        (acc_c, ct_x, ct_y), _ = lax.scan(outer, init, jnp.arange(rows_i.steps, dtype=jnp.int32))
 
         def out(vals, diff, treedef):
             it = iter(vals)
@@ -541,6 +593,7 @@ def pairwise_reduce(
     reduction: str = "sum",
     k: int | None = None,
     block_size: int | tuple[int, int] | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array | tuple[Array, Array]:
     """Reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, without the ``(M, N)`` matrix.
 
@@ -587,10 +640,90 @@ def pairwise_reduce(
         raise TypeError(f"{name}: reduction must be a string, got {type(reduction).__name__}.")
     monoid = _monoid_for(name, reduction, k, n)
     _check_kernel_output(name, monoid, kernel, x, y)
+    axes = _shard.axis_tuple(name, axis_name)
+    if axes:
+        return _local(name, kernel, x, y, monoid, block_size, m, n, axes)
+    split = _mesh_split(name, x, y, m, n)
+    if split is None:
+        return _local(name, kernel, x, y, monoid, block_size, m, n, ())
+    return _on_mesh(name, kernel, x, y, monoid, block_size, *split)
+
+
+def _local(name, kernel, x, y, monoid, block_size, m, n, axes):
+    """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes``."""
     bi, bj = _block_sizes(name, block_size, m, n)
     if m == 0 or n == 0:
         return _empty(monoid, kernel, x, y, m)
-    return pairwise(name, kernel, x, y, monoid, bi, bj)
+    if axes and _shard.types_checked(axes):
+        split_x = [ax for ax in axes if any(ax in _shard.varying(a) for a in jax.tree.leaves(x))]
+        if split_x:
+            raise ValueError(
+                f"{name}: x varies along axis_name {tuple(split_x)}, but axis_name splits the "
+                f"rows of y (the reduced axis) and every device must hold the same rows of x; "
+                f"replicate x along it (in_specs P() for x), or split x over another mesh axis."
+            )
+    return pairwise(name, kernel, x, y, monoid, bi, bj, axes)
+
+
+def _mesh_split(name, x, y, m, n):
+    """``(mesh, x_axes, y_axes)`` when ``x`` / ``y`` live on a mesh, else ``None``.
+
+    Explicit axes: the axes that split each one's rows. Auto axes: the rows of ``x`` are split
+    over them (no communication; the result is split the same way).
+    """
+    xs = _shard.row_axes(jax.tree.leaves(x), m, auto=True)
+    ys = _shard.row_axes(jax.tree.leaves(y), n, auto=False)
+    if xs is None and ys is None:
+        return None
+    mesh = (xs or ys)[0]
+    x_axes, y_axes = (xs[1] if xs else ()), (ys[1] if ys else ())
+    both = sorted(set(x_axes) & set(y_axes))
+    if both:
+        raise ValueError(
+            f"{name}: x and y both split their rows over mesh axes {tuple(both)}; a device would "
+            f"need every row of y for its rows of x. Split x and y over different mesh axes "
+            f"(e.g. a 2-D mesh), or replicate one of them along {tuple(both)}."
+        )
+    return mesh, x_axes, y_axes
+
+
+def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
+    """Under ``jit``: ``shard_map`` over the mesh, rows of ``x`` split over ``x_axes`` (no
+    communication), rows of ``y`` over ``y_axes`` (states all-reduced). The kernel is traced
+    once for a pair of rows and replayed inside with its closed-over arrays passed in (the
+    ``shard_map`` runs with ``check_vma=False``; see :func:`foldax._segment._on_mesh`)."""
+    dx = math.prod(mesh.shape[a] for a in x_axes)
+    dy = math.prod(mesh.shape[a] for a in y_axes)
+    m, n = _num_rows(name, "x", x) // dx, _num_rows(name, "y", y) // dy
+    closed, out_shape = jax.make_jaxpr(kernel, return_shape=True)(_row_avals(x), _row_avals(y))
+    out_tree = jax.tree.structure(out_shape)
+    consts = [jnp.asarray(c) for c in closed.consts]
+
+    def body(x, y, consts):
+        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
+        k = lambda a, b: jax.tree.unflatten(out_tree, run(*jax.tree.leaves((a, b))))  # noqa: E731
+        return _local(name, k, x, y, monoid, block_size, m, n, y_axes)
+
+    def rows_spec(axes):
+        return lambda a: P(axes or None, *([None] * (jnp.ndim(a) - 1)))
+
+    x = _shard.place(x, mesh, rows_spec(x_axes))
+    y = _shard.place(y, mesh, rows_spec(y_axes))
+    consts = _shard.place(consts, mesh, lambda a: P())
+    out = P(x_axes or None)
+    run = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(
+            jax.tree.map(lambda a: rows_spec(x_axes)(a), x),
+            jax.tree.map(lambda a: rows_spec(y_axes)(a), y),
+            [P() for _ in consts],
+        ),
+        out_specs=(out, out) if isinstance(monoid, KMin) else out,
+        axis_names=frozenset(x_axes + y_axes),
+        check_vma=False,
+    )
+    return run(x, y, consts)
 
 
 def _empty(monoid, kernel, x, y, m):

@@ -57,14 +57,15 @@ def to_varying(tree, axes):
     return jax.tree.map(one, tree)
 
 
-def row_example(a, rows, axes):
-    """An example of ``rows`` rows of ``a`` for tracing ``fn``: a ``ShapeDtypeStruct``, or on a
-    mesh with typed axes a (dead) zero array varying along ``axes`` like a chunk of this
-    device's rows, so that the trace records the casts ``fn``'s constants need."""
-    shape, dtype = (rows, *jax.numpy.shape(a)[1:]), jax.numpy.result_type(a)
+def example(a, shape, axes):
+    """An example of ``shape`` with ``a``'s dtype for tracing a user function: a
+    ``ShapeDtypeStruct``, or on a mesh with typed axes a (dead) zero array varying like ``a``
+    and along ``axes`` (as the values the function will meet), so that the trace records the
+    casts its constants need and can be replayed inside ``shard_map``."""
+    dtype = jax.numpy.result_type(a)
     if not axes or not types_checked(axes):
         return jax.ShapeDtypeStruct(shape, dtype)
-    return to_varying(jax.numpy.zeros(shape, dtype), axes)
+    return to_varying(to_varying(jax.numpy.zeros(shape, dtype), tuple(varying(a))), axes)
 
 
 def types_checked(axes) -> bool:
@@ -145,11 +146,12 @@ def mesh_of(leaves):
     return None
 
 
-def row_axes(leaves, n):
+def row_axes(leaves, n, auto=True):
     """How the leading axis of ``leaves`` is split: ``(mesh, axes)`` or ``None`` (one device).
 
     Explicit axes: the axes of the first leaf's leading spec entry. Auto axes (the sharding is
-    not in the type): every Auto axis in mesh order, as long as their product divides ``n``.
+    not in the type; only with ``auto``): every Auto axis in mesh order, as long as their
+    product divides ``n``.
     """
     mesh = mesh_of(leaves)
     if mesh is None:
@@ -161,13 +163,13 @@ def row_axes(leaves, n):
             axes = tuple(ax for ax in _spec_axes(spec[0]) if types[ax] == AxisType.Explicit)
             if axes:
                 return mesh, axes
-    auto, size = [], 1
-    for ax in mesh.axis_names:
+    picked, size = [], 1
+    for ax in mesh.axis_names if auto else ():
         s = mesh.shape[ax]
         if types[ax] == AxisType.Auto and s > 1 and n % (size * s) == 0:
-            auto.append(ax)
+            picked.append(ax)
             size *= s
-    return (mesh, tuple(auto)) if auto else None
+    return (mesh, tuple(picked)) if picked else None
 
 
 def explicit_axes(mesh) -> frozenset:

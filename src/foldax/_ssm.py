@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from . import _shard
 from ._pairwise import _block_sizes, _monoid_for, pairwise
 
 if TYPE_CHECKING:
@@ -41,8 +43,9 @@ def _blocks(name, block_size, batch, m, n):
     return min(m, max(1, per // bj)), bj
 
 
-def _batched(name, kernel, rows, cols, batch, block_size):
-    """``vmap`` over the flattened batch of ``pairwise(kernel, rows[b], cols[b])``."""
+def _batched(name, kernel, rows, cols, batch, block_size, axes=()):
+    """``vmap`` over the flattened batch of ``pairwise(kernel, rows[b], cols[b])``; on a mesh,
+    ``cols`` (the poles) are this device's share, split over ``axes``."""
     b = math.prod(batch)
     m = jax.tree.leaves(rows)[0].shape[-1]
     n = jax.tree.leaves(cols)[0].shape[-1]
@@ -51,9 +54,73 @@ def _batched(name, kernel, rows, cols, batch, block_size):
     def flat(t):
         return jax.tree.map(lambda a: jnp.broadcast_to(a, (*batch, a.shape[-1])).reshape(b, -1), t)
 
-    one = lambda r, c: pairwise(name, kernel, r, c, _monoid_for(name, "sum", None, n), bi, bj)  # noqa: E731
+    monoid = _monoid_for(name, "sum", None, n)
+    one = lambda r, c: pairwise(name, kernel, r, c, monoid, bi, bj, axes)  # noqa: E731
     out = jax.vmap(one)(flat(rows), flat(cols))
     return out.reshape((*batch, m))
+
+
+def _distributed(name, local, arrays, kinds, batch, axis_name):
+    """Run ``local(*arrays, axes)`` on one device, inside ``shard_map`` (``axis_name`` splits the
+    poles' axis ``N``), or under ``jit`` with arrays on a mesh with Explicit axes: a
+    ``shard_map`` over the axes that split the batch (independent), the nodes ``L`` (independent)
+    and the poles ``N`` (partial sums, one ``psum``).
+
+    ``kinds[i]`` is ``"pole"`` or ``"node"``: what the last axis of ``arrays[i]`` is.
+    """
+    axes = _shard.axis_tuple(name, axis_name)
+    mesh = None if axes else _shard.mesh_of(arrays)
+    explicit = _shard.explicit_axes(mesh) if mesh is not None else frozenset()
+    if not explicit:
+        return local(*arrays, axes)
+    nb = len(batch)
+    batch_spec, last = [None] * nb, {"pole": None, "node": None}
+    for a, kind in zip(arrays, kinds, strict=True):
+        spec = list(jax.typeof(a).sharding.spec) + [None] * a.ndim
+        spec = [e if e in explicit or isinstance(e, tuple) else None for e in spec[: a.ndim]]
+        for i, e in enumerate(spec[:-1]):
+            pos = nb - (a.ndim - 1) + i
+            if e is not None and batch_spec[pos] is None and a.shape[i] == batch[pos]:
+                batch_spec[pos] = e
+        if spec[-1] is not None and last[kind] is None:
+            last[kind] = spec[-1]
+    used = [_spec_axes(e) for e in (*batch_spec, last["pole"], last["node"])]
+    flat = [ax for u in used for ax in u]
+    if len(flat) != len(set(flat)):
+        raise ValueError(
+            f"{name}: the batch, node and pole axes of the inputs are split over overlapping mesh "
+            f"axes ({flat}); split each over its own mesh axes, or replicate some."
+        )
+    if not flat:
+        return local(*arrays, ())
+
+    def spec_of(a, kind):
+        lead = [
+            batch_spec[nb - (a.ndim - 1) + i]
+            if a.shape[i] == batch[nb - (a.ndim - 1) + i]
+            else None
+            for i in range(a.ndim - 1)
+        ]
+        return P(*lead, last[kind])
+
+    specs = [spec_of(a, k) for a, k in zip(arrays, kinds, strict=True)]
+    placed = [_shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, specs, strict=True)]
+    poles = _spec_axes(last["pole"])
+    run = jax.shard_map(
+        lambda *arrs: local(*arrs, poles),
+        mesh=mesh,
+        in_specs=tuple(specs),
+        out_specs=P(*batch_spec, last["node"]),
+        axis_names=frozenset(flat),
+        check_vma=False,
+    )
+    return run(*placed)
+
+
+def _spec_axes(entry):
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple | list) else (entry,)
 
 
 def _batch_shape(name, **arrays):
@@ -97,6 +164,7 @@ def cauchy(
     *,
     conjugate: bool = False,
     block_size: int | tuple[int, int] | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
     """S4's Cauchy kernel ``k[l] = sum_n v[n] / (z[l] - w[n])`` without the ``(L, N)`` matrix.
 
@@ -141,7 +209,11 @@ def cauchy(
             out = out + _cauchy_term(jnp.conj(vn), zl, jnp.conj(wn))
         return out
 
-    return _batched(name, kernel, z, (v, w), batch, block_size)
+    def local(v, w, z, axes):
+        b = _batch_shape(name, v=v, z=z, w=w)
+        return _batched(name, kernel, z, (v, w), b, block_size, axes)
+
+    return _distributed(name, local, (v, w, z), ("pole", "pole", "node"), batch, axis_name)
 
 
 def vandermonde(
@@ -151,6 +223,7 @@ def vandermonde(
     *,
     conjugate: bool = False,
     block_size: int | tuple[int, int] | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
     """S4D's Vandermonde kernel ``k[l] = sum_n v[n] * exp(x[n] * l)``, ``l = 0 .. length-1``.
 
@@ -194,11 +267,14 @@ def vandermonde(
     batch = _batch_shape(name, v=v, x=x)
     dtype = jnp.result_type(v, x)
     v, x = v.astype(dtype), x.astype(dtype)
-    ls = jnp.arange(length, dtype=jnp.finfo(dtype).dtype)
 
     def kernel(step, vx):
         vn, xn = vx
         out = vn * jnp.exp(xn * step.astype(xn.dtype))
         return 2 * jnp.real(out) if conjugate else out
 
-    return _batched(name, kernel, ls, (v, x), batch, block_size)
+    def local(v, x, axes):
+        ls = jnp.arange(length, dtype=jnp.finfo(dtype).dtype)
+        return _batched(name, kernel, ls, (v, x), _batch_shape(name, v=v, x=x), block_size, axes)
+
+    return _distributed(name, local, (v, x), ("pole", "pole"), batch, axis_name)
