@@ -674,7 +674,9 @@ def _mesh_split(name, x, y, m, n):
     xs = _shard.row_axes(jax.tree.leaves(x), m, auto=True)
     ys = _shard.row_axes(jax.tree.leaves(y), n, auto=False)
     if xs is None and ys is None:
-        return None
+        # Replicated on a mesh: run there (unsplit) rather than mix mesh types.
+        mesh = _shard.on_explicit_mesh(jax.tree.leaves((x, y)))
+        return None if mesh is None else (mesh, (), ())
     mesh = (xs or ys)[0]
     x_axes, y_axes = (xs[1] if xs else ()), (ys[1] if ys else ())
     both = sorted(set(x_axes) & set(y_axes))
@@ -720,7 +722,7 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
             [P() for _ in consts],
         ),
         out_specs=(out, out) if isinstance(monoid, KMin) else out,
-        axis_names=frozenset(x_axes + y_axes),
+        axis_names=_shard.manual_axes(mesh, x_axes + y_axes),
         check_vma=False,
     )
     return run(x, y, consts)

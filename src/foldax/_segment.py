@@ -347,10 +347,13 @@ def _segment(
     devices = _shard.device_count(axes)
     if not axes:
         ids = [segment_ids] if segment_ids is not None and not _is_numpy(segment_ids) else []
-        found = _shard.row_axes(jax.tree.leaves(data) + ids, n)
+        leaves = jax.tree.leaves(data) + ids
+        found = _shard.row_axes(leaves, n)
         if found is not None:
             mesh, axes = found
             devices = math.prod(mesh.shape[a] for a in axes)
+        else:  # replicated on a mesh: run there (unsplit) rather than mix mesh types
+            mesh = _shard.on_explicit_mesh(leaves)
     n_global = n * devices if mesh is None else n
     part = _partition(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows
@@ -390,7 +393,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
     The ``shard_map`` leaves varying-axes typing off (``check_vma=False``): a replayed trace has
     untyped constants; the fold's custom VJP follows the matching cotangent convention.
     """
-    split = P(axes)
+    split = P(axes or None)
     arrays = part.arrays()
     # The ids are split like the rows; traced sizes / offsets are replicated.
     arr_specs = tuple(split if isinstance(part, _Ids) else P() for _ in arrays)
@@ -399,7 +402,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
     def body(data, arrays, consts):
         return local(data, arrays, replay(consts))
 
-    data = _shard.place(data, mesh, lambda a: P(axes, *([None] * (jnp.ndim(a) - 1))))
+    data = _shard.place(data, mesh, lambda a: P(axes or None, *([None] * (jnp.ndim(a) - 1))))
     arrays = tuple(
         _shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, arr_specs, strict=True)
     )
@@ -409,7 +412,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
         mesh=mesh,
         in_specs=(jax.tree.map(lambda _: split, data), arr_specs, [P() for _ in consts]),
         out_specs=split if per_row else P(),
-        axis_names=frozenset(axes),
+        axis_names=_shard.manual_axes(mesh, axes),
         check_vma=False,
     )
     return run(data, arrays, consts)

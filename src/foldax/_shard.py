@@ -178,6 +178,19 @@ def explicit_axes(mesh) -> frozenset:
     )
 
 
+def manual_axes(mesh, split) -> frozenset:
+    """The axes a foldax ``shard_map`` takes over: the ``split`` ones, and every Explicit axis
+    (replicated inputs stay replicated; inside, nothing is typed by an Explicit mesh, whose
+    constants created without a mesh could not be mixed with the inputs)."""
+    return frozenset(split) | explicit_axes(mesh)
+
+
+def on_explicit_mesh(leaves):
+    """The mesh of ``leaves`` if it has Explicit axes (even when nothing is split), else None."""
+    mesh = mesh_of(leaves)
+    return mesh if mesh is not None and explicit_axes(mesh) else None
+
+
 def place(tree, mesh, spec_of):
     """Reshard every leaf to ``spec_of(leaf)`` on ``mesh`` where its mesh axes are Explicit
     (``shard_map`` requires the types to match); with Auto axes ``shard_map`` does it itself."""
@@ -191,6 +204,8 @@ __all__ = [
     "axis_tuple",
     "device_count",
     "device_index",
+    "manual_axes",
+    "on_explicit_mesh",
     "place",
     "reduce_cotangent",
     "replicated_cotangent",

@@ -91,8 +91,6 @@ def _distributed(name, local, arrays, kinds, batch, axis_name):
             f"{name}: the batch, node and pole axes of the inputs are split over overlapping mesh "
             f"axes ({flat}); split each over its own mesh axes, or replicate some."
         )
-    if not flat:
-        return local(*arrays, ())
 
     def spec_of(a, kind):
         lead = [
@@ -111,7 +109,7 @@ def _distributed(name, local, arrays, kinds, batch, axis_name):
         mesh=mesh,
         in_specs=tuple(specs),
         out_specs=P(*batch_spec, last["node"]),
-        axis_names=frozenset(flat),
+        axis_names=_shard.manual_axes(mesh, flat),
         check_vma=False,
     )
     return run(*placed)

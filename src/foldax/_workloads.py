@@ -316,3 +316,70 @@ def measure_s4(
                     dict(n=n, way=way, pass_=pass_, temp_bytes=temp, seconds=secs, rel_err=err)
                 )
     return rows
+
+
+# --- the seed workload on a device mesh -------------------------------------------------------
+
+
+def way_foldax_padded(sizes, n_padded):
+    """foldax with the rows padded to ``n_padded`` (a multiple of the device count): padding
+    rows get the segment id ``S``, which is dropped (the ids stay sorted: the tiled path)."""
+    s = len(sizes)
+    ids = np.full(n_padded, s, np.int32)
+    ids[: sum(sizes)] = np.repeat(np.arange(s, dtype=np.int32), sizes)
+    log_n = np.log(np.asarray(sizes, np.float32))
+
+    def per_theta(theta, x):
+        return segment_logsumexp(x, ids, s, fn=lambda rows: model(theta, rows)) - log_n
+
+    return per_theta
+
+
+def measure_seed_sharded(
+    repeat: int = 10,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """The seed workload (N x ``repeat``) on one device and with the rows split over all of
+    ``jax.devices()``, side by side in this process: per-device memory, median time, error.
+
+    Run it in a process started with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` to
+    simulate 8 devices on a CPU.
+    """
+    devices = jax.device_count()
+    problem = seed_problem(repeat=repeat)
+    ref = reference(problem)
+    n_pad = problem.n + (-problem.n) % devices
+    x = jnp.concatenate([problem.x, jnp.zeros((n_pad - problem.n, FEATURES), jnp.float32)])
+    mesh = jax.make_mesh((devices,), ("rows",))
+    x_split = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("rows")))
+    fwd, grad = forward_and_grad(way_foldax_padded(problem.sizes, n_pad))
+    out = []
+    for pass_, fn, want in (("forward", fwd, ref[0]), ("gradient", grad, ref[1])):
+        for count, rows in ((1, x), (devices, x_split)):
+            if progress:
+                progress(f"{pass_} on {count} device(s)")
+            compiled = jax.jit(fn).lower(problem.thetas, rows).compile()
+            rep = memory.report_from_compiled(compiled)
+            text = compiled.as_text()
+            out.append(
+                {
+                    "pass": pass_,
+                    "devices": count,
+                    "n": problem.n,
+                    "temp_bytes": rep.temp_bytes,
+                    "argument_bytes": rep.argument_bytes,
+                    "seconds": median_time(compiled, problem.thetas, rows, repeats=repeats),
+                    "rel_err": max_rel_err(compiled(problem.thetas, rows), want),
+                    "all_gather": "all-gather" in text or "all-to-all" in text,
+                }
+            )
+    return out
+
+
+if __name__ == "__main__":  # python -m foldax._workloads sharded [repeat] [repeats]: JSON rows
+    import sys
+
+    if sys.argv[1:2] == ["sharded"]:
+        args = [int(a) for a in sys.argv[2:4]]
+        print(json.dumps(measure_seed_sharded(*args)))
