@@ -242,7 +242,8 @@ def test_segment_axis_name_errors():
 
 
 def test_seed_workload_per_device_memory():
-    """Per device: arguments are 1/8 of one device's, temp memory no larger; one all-reduce."""
+    """Per device: arguments are 1/8 of one device's, temp memory the same up to O(S) bytes;
+    the only collective is an all-reduce."""
     prob = w.seed_problem(repeat=1)
     s = len(prob.sizes)
     n = prob.n + (-prob.n) % 8
@@ -263,7 +264,10 @@ def test_seed_workload_per_device_memory():
         r1 = foldax.memory.report_from_compiled(one)
         r8 = foldax.memory.report_from_compiled(eight)
         assert r8.argument_bytes <= r1.argument_bytes / 8 + thetas.size * 4, (r1, r8)
-        assert r8.temp_bytes <= r1.temp_bytes * 1.01, (r1, r8)
+        # The streaming bound holds per device: the same chunk buffers. What a device adds is
+        # O(S): its share of the segment bounds (three (S,) int32 slices of the per-device
+        # tables, constants on one device) and an (S,) collective buffer.
+        assert r8.temp_bytes <= r1.temp_bytes + 5 * 4 * s, (r1, r8)
         text = eight.as_text()
         assert_no_gather(text)
         assert "all-reduce" in collectives(text)

@@ -220,15 +220,19 @@ def tile_layout(n, sizes_static, num_segments, chunk, tile=None, num_tiles=None)
     return tile, group, max(1, -(-num_tiles // group))
 
 
-def make_tile_plan(n, sizes, offsets, num_segments, chunk, tile=None, num_tiles=None):
+def make_tile_plan(
+    n, sizes, offsets, num_segments, chunk, tile=None, num_tiles=None, ends=None
+):
     """A :class:`TilePlan` from contiguous ``sizes``/``offsets`` (NumPy = static, else traced);
-    ``tile`` / ``num_tiles`` as in :func:`tile_layout`."""
+    ``tile`` / ``num_tiles`` as in :func:`tile_layout`; ``ends`` (the cumulative tile counts) may
+    be given when known."""
     static = isinstance(sizes, np.ndarray)
     tile, group, steps = tile_layout(
         n, sizes if static else None, num_segments, chunk, tile, num_tiles
     )
     xp = np if static else jnp
-    ends = xp.cumsum((sizes + (tile - 1)) // tile)
+    if ends is None:
+        ends = xp.cumsum((sizes + (tile - 1)) // tile)
     arrs = [jnp.asarray(a, jnp.int32) for a in (ends, offsets, sizes)]
     return TilePlan(*arrs, n=n, num_segments=num_segments, tile=tile, group=group, steps=steps)
 

@@ -233,20 +233,21 @@ class _Contiguous:
         return () if self.static else (self.sizes, self.offsets)
 
     def _tiling(self, n, chunk, devices):
-        """``(tile, num_tiles)`` common to the ``devices`` shares of ``n`` rows, or Nones."""
+        """``(tile, num_tiles, shares)`` common to the ``devices`` shares of ``n`` rows each:
+        ``shares`` is ``(lo, sizes, ends)``, each ``(devices, S)``, for static segments."""
         if devices == 1 or not self.static:
-            return None, None
+            return None, None, None
         # Static segments: every device's share is known, so is the best common tile.
-        end = self.offsets + self.sizes
-        shares = [
-            np.clip(end - d * n, 0, n) - np.clip(self.offsets - d * n, 0, n) for d in range(devices)
-        ]
-        tile = min(_fold.choose_tile(n, sh, self.num_segments, chunk) for sh in shares)
-        return tile, max(int(np.sum(-(-sh // tile))) for sh in shares)
+        d = np.arange(devices)[:, None] * n
+        lo = np.clip(self.offsets[None] - d, 0, n)
+        sizes = np.clip(self.offsets[None] + self.sizes[None] - d, 0, n) - lo
+        tile = min(_fold.choose_tile(n, sh, self.num_segments, chunk) for sh in sizes)
+        ends = np.cumsum(-(-sizes // tile), axis=1)
+        return tile, int(ends[:, -1].max()), (lo, sizes, ends)
 
     def step_rows(self, n, chunk, devices):
         """Rows per step of the plan over ``n`` rows (static; the same on every device)."""
-        tile, num_tiles = self._tiling(n, chunk, devices)
+        tile, num_tiles, _ = self._tiling(n, chunk, devices)
         static = self.sizes if self.static and devices == 1 else None
         tile, group, _ = _fold.tile_layout(n, static, self.num_segments, chunk, tile, num_tiles)
         return tile * group
@@ -256,12 +257,17 @@ class _Contiguous:
         sizes, offsets = arrays or (self.sizes, self.offsets)
         if not axes:
             return _fold.make_tile_plan(n, sizes, offsets, self.num_segments, chunk)
+        tile, num_tiles, shares = self._tiling(n, chunk, devices)
+        me = _shard.device_index(axes)
+        if shares is not None:
+            # This device's rows of constant (devices, S) tables.
+            lo, sz, ends = (jnp.asarray(t, jnp.int32)[me] for t in shares)
+            return _fold.make_tile_plan(n, sz, lo, self.num_segments, chunk, tile, num_tiles, ends)
         # Rows [start, start + n) are this device's: clip every segment to them.
-        start = _shard.device_index(axes) * n
+        start = me * n
         lo = jnp.clip(jnp.asarray(offsets, jnp.int32) - start, 0, n)
         hi = jnp.clip(jnp.asarray(offsets + sizes, jnp.int32) - start, 0, n)
-        tile, num_tiles = self._tiling(n, chunk, devices)
-        return _fold.make_tile_plan(n, hi - lo, lo, self.num_segments, chunk, tile, num_tiles)
+        return _fold.make_tile_plan(n, hi - lo, lo, self.num_segments, chunk)
 
 
 class _Ids:
