@@ -613,6 +613,10 @@ def pairwise_reduce(
       block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile (default
         ``bj = 128`` and ``bi * bj ~ 16384``). Under an outer ``vmap`` a tile is that many
         kernel values per batch element.
+      axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) over which the rows of
+        ``y`` are split; ``y`` is this device's share, ``x`` must be the same on every device
+        along it, and the states are all-reduced (indices are global). Under ``jax.jit``,
+        ``x`` and ``y`` sharded over different mesh axes are distributed without it.
 
     Returns:
       ``(M, *F)`` for sum / logsumexp / max / min / softmax (``F`` of the value); ``(M, *F)``

@@ -461,6 +461,11 @@ _PARTITION_DOC = """
       chunk_size: static int, rows per step of the streamed loop (default: about 1 MiB of rows
         and values per step).
       indices_are_sorted: whether traced ``segment_ids`` are sorted (enables the contiguous path).
+      axis_name: inside ``jax.shard_map`` only: the mesh axis name (or tuple) over which the rows
+        are split. ``data`` / ``segment_ids`` are then this device's rows (in device order),
+        ``sizes`` / ``offsets`` describe all rows, and the result is combined across devices
+        (per-row results stay this device's rows). Not needed under ``jax.jit``: sharded inputs
+        are detected from their types. See ``docs/distributed.md``.
 """
 
 

@@ -178,6 +178,9 @@ def cauchy(
         conjugate pairs). Needs complex ``v`` and ``w``.
       block_size: static int or pair: ``(L, N)`` tile per batch element (default: about
         ``2**18`` kernel values per tile over the whole batch).
+      axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) splitting the poles
+        ``N`` (``v``, ``w`` hold this device's); the sums are ``psum``-ed. Under ``jax.jit``,
+        inputs split over the batch, ``L`` or ``N`` are distributed without it.
 
     Returns:
       ``(*batch, L)``, the dtype of ``v / (z - w)``.
@@ -235,6 +238,7 @@ def vandermonde(
       conjugate: static; add the conjugate terms, giving the real ``2 Re(...)`` (S4D keeps
         ``N/2`` of each conjugate pair). Needs complex ``v`` and ``x``.
       block_size: static int or pair, as in :func:`cauchy`.
+      axis_name: as in :func:`cauchy` (``v``, ``x`` hold this device's poles).
 
     Returns:
       ``(*batch, L)``: complex (real when ``conjugate=True``).
