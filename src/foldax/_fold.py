@@ -220,9 +220,7 @@ def tile_layout(n, sizes_static, num_segments, chunk, tile=None, num_tiles=None)
     return tile, group, max(1, -(-num_tiles // group))
 
 
-def make_tile_plan(
-    n, sizes, offsets, num_segments, chunk, tile=None, num_tiles=None, ends=None
-):
+def make_tile_plan(n, sizes, offsets, num_segments, chunk, tile=None, num_tiles=None, ends=None):
     """A :class:`TilePlan` from contiguous ``sizes``/``offsets`` (NumPy = static, else traced);
     ``tile`` / ``num_tiles`` as in :func:`tile_layout`; ``ends`` (the cumulative tile counts) may
     be given when known."""
