@@ -1,4 +1,4 @@
-"""Command line: ``foldax demo`` (also ``python -m foldax demo``)."""
+"""Command line: ``foldax demo``, ``foldax audit``, ``foldax bench`` (also ``python -m foldax``)."""
 
 from __future__ import annotations
 
@@ -213,8 +213,32 @@ def main(argv=None) -> int:
     a.add_argument("--top", type=int, default=10, help="buffers listed at the peak")
     a.add_argument("--plot", help="write memory against size to this PNG (needs matplotlib)")
     a.set_defaults(func=audit_cmd)
+    b = sub.add_parser(
+        "bench", help="every headline number, side by side with the installed peers, plots"
+    )
+    b.add_argument("--quick", action="store_true", help="small sizes, under 2 minutes on 2 cores")
+    b.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="run only this workload (repeatable): seed, precomputed, s4, gaussian, attention, sharded",
+    )
+    b.add_argument(
+        "--out",
+        default=".",
+        help="folder for BENCHMARKS.md and bench/ (results.json, plots); a README.md there with "
+        "the results markers gets its Results block rewritten",
+    )
+    b.set_defaults(func=bench_cmd)
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def bench_cmd(args) -> int:
+    from . import _bench
+
+    _bench.run(quick=args.quick, only=args.only, out=args.out)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,837 @@
+"""``foldax bench``: every headline number, side by side with each peer that is installed.
+
+One run measures every workload (memory from XLA's compiled analysis, median times after a
+warm-up, errors against float64 / complex128), writes ``results.json`` with every figure and
+the machine, renders ``BENCHMARKS.md`` and the plots *from that JSON*, and, when the output
+folder's ``README.md`` has the results markers, its "Results" block too. Ratios always compare
+numbers measured in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .memory import format_bytes, report
+
+WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "attention", "sharded")
+README_START = "<!-- bench-results:start -->"
+README_END = "<!-- bench-results:end -->"
+PLOT_DIR = "bench"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Sizes of one run (``FULL`` or ``QUICK``)."""
+
+    repeats: int
+    seed_cases: tuple  # (repeat, shrink, with the slicing loop)
+    precomputed_n: int
+    s4_ns: tuple
+    s4_h: int
+    s4_l: int
+    gauss_n: int
+    att_n: int
+    sharded: tuple  # (repeat, shrink)
+
+
+FULL = Config(
+    7, ((1, 1, True), (10, 1, False)), 50_000_000, (64, 256, 512), 256, 1024, 20_000, 4096, (10, 1)
+)
+QUICK = Config(
+    2, ((1, 10, True), (1, 1, False)), 2_000_000, (32, 128), 32, 256, 2_000, 512, (1, 10)
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Progress
+
+
+class Progress:
+    """A one-line progress bar on stderr: steps done / total, the step, elapsed time."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.done, self.t0 = max(total, 1), 0, time.perf_counter()
+        self.stream = stream or sys.stderr
+
+    def step(self, what: str) -> None:
+        self.done = min(self.done + 1, self.total)
+        width = 24
+        filled = int(width * self.done / self.total)
+        bar = "#" * filled + "." * (width - filled)
+        secs = time.perf_counter() - self.t0
+        print(
+            f"[{bar}] {self.done:3d}/{self.total} {secs:6.0f} s  {what}",
+            file=self.stream,
+            flush=True,
+        )
+
+    def note(self, what: str) -> None:
+        print(
+            f"{'':>{24 + 2}} {'':>7} {time.perf_counter() - self.t0:6.0f} s  {what}",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def _steps(cfg: Config, only) -> int:
+    from . import _workloads as w
+
+    count = {
+        "seed": sum(2 * (len(w.WAYS) - (0 if loop else 1)) for _, _, loop in cfg.seed_cases),
+        "precomputed": 4,
+        "s4": len(cfg.s4_ns) * len(w.S4_WAYS) * 2,
+        "gaussian": 6,
+        "attention": 2,
+        "sharded": 1,
+    }
+    return sum(count[k] for k in only)
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine and peers
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    dev = jax.devices()[0]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "device": getattr(dev, "device_kind", str(dev)),
+        "jax": jax.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def machine_line(m: dict) -> str:
+    return (
+        f"{m['cpu']}, {m['cores']} cores visible, jax {m['jax']} ({m['backend']}: {m['device']}), "
+        f"numpy {m['numpy']}, Python {m['python']}"
+    )
+
+
+#: peer -> (module to import, the extra that brings it)
+PEERS = {
+    "torch.segment_reduce": ("torch", "foldax[torch]"),
+    "pykeops": ("pykeops", "foldax[keops]"),
+    "plots (matplotlib)": ("matplotlib", "foldax[plot]"),
+}
+
+
+def available(peer: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(PEERS[peer][0]) is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Workloads: each returns a list of row dicts with the same keys
+
+
+def _row(workload, case, impl, pass_, temp, seconds, err, **extra):
+    return {
+        "workload": workload,
+        "case": case,
+        "impl": impl,
+        "pass": pass_,
+        "temp_bytes": temp,
+        "seconds": seconds,
+        "rel_err": err,
+        **extra,
+    }
+
+
+def bench_seed(cfg: Config, prog: Progress) -> list[dict]:
+    from . import _workloads as w
+
+    rows = []
+    for repeat, shrink, loop in cfg.seed_cases:
+        problem = w.seed_problem(repeat=repeat, shrink=shrink)
+        case = f"N = {problem.n:,}"
+        prog.note(f"seed {case}: float64 reference")
+        ref = w.reference(problem)
+        ways = [k for k in w.WAYS if loop or k != "slicing loop"]
+        for r in w.measure_seed(
+            problem,
+            ways=ways,
+            repeats=cfg.repeats,
+            ref=ref,
+            progress=lambda m: prog.step(f"seed {case}: {m}"),
+        ):
+            rows.append(
+                _row(
+                    "seed",
+                    case,
+                    r.way,
+                    r.pass_,
+                    r.temp_bytes,
+                    r.seconds,
+                    r.rel_err,
+                    n=problem.n,
+                    segments=len(problem.sizes),
+                )
+            )
+    return rows
+
+
+def bench_precomputed(cfg: Config, prog: Progress) -> list[dict]:
+    """segment_logsumexp of n precomputed float32 values in 1000 unequal contiguous segments."""
+    import foldax
+
+    from . import _workloads as w
+
+    n, segments = cfg.precomputed_n, 1000
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(1, 2 * n // segments, segments)
+    sizes = (sizes * (n / sizes.sum())).astype(np.int64)
+    sizes[-1] += n - sizes.sum()
+    ids = np.repeat(np.arange(segments, dtype=np.int32), sizes)
+    x_np = rng.standard_normal(n, dtype=np.float32)
+    x, ids_j, sizes_l = jnp.asarray(x_np), jnp.asarray(ids), sizes.tolist()
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    ref = np.array(
+        [
+            np.logaddexp.reduce(x_np[a:b].astype(np.float64))
+            for a, b in zip(offs[:-1], offs[1:], strict=True)
+        ]
+    )
+
+    def jax_ops(x, ids):
+        m = jax.ops.segment_max(x, ids, segments, indices_are_sorted=True)
+        s = jax.ops.segment_sum(jnp.exp(x - m[ids]), ids, segments, indices_are_sorted=True)
+        return m + jnp.log(s)
+
+    impls = [
+        ("floor: jnp.exp(x).sum()", lambda x: jnp.exp(x).sum(), (x,), False),
+        ("jax.ops segment_max + segment_sum", jax_ops, (x, ids_j), True),
+        ("foldax", lambda x: foldax.segment_logsumexp(x, sizes=sizes_l), (x,), True),
+    ]
+    case = f"{n:,} values, {segments} segments"
+    rows = []
+    for name, fn, args, check in impls:
+        prog.step(f"precomputed: {name}")
+        jf = jax.jit(fn)
+        secs = w.median_time(jf, *args, repeats=cfg.repeats)
+        err = w.max_rel_err(jf(*args), ref) if check else None
+        rows.append(
+            _row("precomputed", case, name, "forward", report(fn, *args).temp_bytes, secs, err)
+        )
+    prog.step("precomputed: torch.segment_reduce")
+    if available("torch.segment_reduce"):
+        import torch
+
+        xt, lengths = torch.from_numpy(x_np), torch.from_numpy(sizes)
+
+        def torch_lse():
+            m = torch.segment_reduce(xt, "max", lengths=lengths)
+            s = torch.segment_reduce(
+                torch.exp(xt - torch.repeat_interleave(m, lengths)), "sum", lengths=lengths
+            )
+            return m + torch.log(s)
+
+        secs = w.median_time(torch_lse, repeats=cfg.repeats)
+        err = w.max_rel_err(torch_lse().numpy(), ref)
+        rows.append(
+            _row("precomputed", case, "torch.segment_reduce max + sum", "forward", None, secs, err)
+        )
+    return rows
+
+
+def bench_s4(cfg: Config, prog: Progress) -> list[dict]:
+    from . import _workloads as w
+
+    out = w.measure_s4(
+        ns=cfg.s4_ns,
+        repeats=cfg.repeats,
+        h=cfg.s4_h,
+        length=cfg.s4_l,
+        progress=lambda m: prog.step(f"S4 {m}") if "reference" not in m else prog.note(f"S4 {m}"),
+    )
+    return [
+        _row(
+            "s4",
+            f"N = {r['n']}",
+            r["way"],
+            r["pass_"],
+            r["temp_bytes"],
+            r["seconds"],
+            r["rel_err"],
+            n=r["n"],
+            h=cfg.s4_h,
+            length=cfg.s4_l,
+        )
+        for r in out
+    ]
+
+
+def bench_gaussian(cfg: Config, prog: Progress) -> list[dict]:
+    """Gaussian-kernel sum and logsumexp, M = N = n, D = 3: dense XLA, foldax, pykeops."""
+    import foldax
+
+    from . import _workloads as w
+
+    n = cfg.gauss_n
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, 3), dtype=np.float32)
+    y = rng.standard_normal((n, 3), dtype=np.float32)
+    xj, yj = jnp.asarray(x), jnp.asarray(y)
+
+    def sq(a, b):
+        return jnp.sum((a - b) ** 2)
+
+    impls = {
+        "sum": {
+            "dense XLA": lambda x, y: jnp.exp(-((x[:, None] - y[None]) ** 2).sum(-1)).sum(1),
+            "foldax": lambda x, y: foldax.pairwise_reduce(lambda a, b: jnp.exp(-sq(a, b)), x, y),
+        },
+        "logsumexp": {
+            "dense XLA": lambda x, y: jax.nn.logsumexp(-((x[:, None] - y[None]) ** 2).sum(-1), 1),
+            "foldax": lambda x, y: foldax.pairwise_reduce(
+                lambda a, b: -sq(a, b), x, y, reduction="logsumexp"
+            ),
+        },
+    }
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    ref = {"sum": [], "logsumexp": []}
+    for s in range(0, n, 1000):
+        d = -((x64[s : s + 1000, None] - y64[None]) ** 2).sum(-1)
+        m = d.max(1, keepdims=True)
+        ref["sum"].append(np.exp(d).sum(1))
+        ref["logsumexp"].append((m + np.log(np.exp(d - m).sum(1, keepdims=True)))[:, 0])
+    ref = {k: np.concatenate(v) for k, v in ref.items()}
+    if available("pykeops"):
+        from pykeops.numpy import LazyTensor
+
+        xl, yl = LazyTensor(x[:, None, :]), LazyTensor(y[None, :, :])
+        d2 = ((xl - yl) ** 2).sum(-1)
+        impls["sum"]["pykeops (CPU)"] = lambda: (-d2).exp().sum(1)[:, 0]
+        impls["logsumexp"]["pykeops (CPU)"] = lambda: (-d2).logsumexp(1)[:, 0]
+    rows = []
+    for red, fns in impls.items():
+        for name, fn in fns.items():
+            prog.step(f"gaussian {red}: {name}")
+            if name.startswith("pykeops"):
+                fn()  # the first call compiles (seconds)
+                secs = w.median_time(fn, repeats=cfg.repeats)
+                got, temp = fn(), None
+            else:
+                jf = jax.jit(fn)
+                secs = w.median_time(jf, xj, yj, repeats=cfg.repeats)
+                got, temp = jf(xj, yj), report(fn, xj, yj).temp_bytes
+            rows.append(
+                _row(
+                    "gaussian",
+                    f"{red}, M = N = {n:,}",
+                    name,
+                    "forward",
+                    temp,
+                    secs,
+                    w.max_rel_err(got, ref[red]),
+                    reduction=red,
+                )
+            )
+        if "pykeops (CPU)" not in fns:
+            prog.step(f"gaussian {red}: pykeops skipped")
+    return rows
+
+
+def bench_attention(cfg: Config, prog: Progress) -> list[dict]:
+    """Softmax-weighted sum (exact attention) against jax.nn.dot_product_attention, float32."""
+    import foldax
+
+    from . import _workloads as w
+
+    m = n = cfg.att_n
+    d = 64
+    rng = np.random.default_rng(3)
+    q, k, v = (
+        jnp.asarray(rng.standard_normal(s, dtype=np.float32)) for s in ((m, d), (n, d), (n, d))
+    )
+    scale = 1.0 / np.sqrt(d)
+
+    def fold_att(q, k, v):
+        return foldax.pairwise_reduce(
+            lambda qi, kv: (jnp.dot(qi, kv[0]) * scale, kv[1]), q, (k, v), reduction="softmax"
+        )
+
+    def xla_att(q, k, v):
+        return jax.nn.dot_product_attention(q[None, :, None], k[None, :, None], v[None, :, None])[
+            0, :, 0
+        ]
+
+    with jax.enable_x64(True):
+        q64, k64, v64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (q, k, v))
+        ref = np.asarray(jax.nn.softmax(q64 @ k64.T * scale, axis=-1) @ v64)
+    rows = []
+    for name, fn in (("jax.nn.dot_product_attention", xla_att), ("foldax", fold_att)):
+        prog.step(f"attention: {name}")
+        jf = jax.jit(fn)
+        g = jax.grad(lambda q, k, v, f=fn: f(q, k, v).sum(), argnums=(0, 1, 2))
+        jg = jax.jit(g)
+        err = float(np.max(np.abs(np.asarray(jf(q, k, v)) - ref)) / np.max(np.abs(ref)))
+        case = f"M = N = {m:,}, D = {d}"
+        rows.append(
+            _row(
+                "attention",
+                case,
+                name,
+                "forward",
+                report(fn, q, k, v).temp_bytes,
+                w.median_time(jf, q, k, v, repeats=cfg.repeats),
+                err,
+            )
+        )
+        rows.append(
+            _row(
+                "attention",
+                case,
+                name,
+                "gradient",
+                report(g, q, k, v).temp_bytes,
+                w.median_time(jg, q, k, v, repeats=cfg.repeats),
+                None,
+            )
+        )
+    return rows
+
+
+def bench_sharded(cfg: Config, prog: Progress) -> list[dict]:
+    """The seed workload on 1 and on 8 host CPU devices: a subprocess (the device count is
+    fixed when JAX starts)."""
+    repeat, shrink = cfg.sharded
+    prog.step(f"sharded: seed N x {repeat} on 1 vs 8 host devices (subprocess)")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [
+        sys.executable,
+        "-m",
+        "foldax._workloads",
+        "sharded",
+        str(repeat),
+        str(cfg.repeats),
+        str(shrink),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"foldax bench: the sharded run failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [
+        _row(
+            "sharded",
+            f"N = {r['n']:,}",
+            f"{r['devices']} device(s)",
+            r["pass"],
+            r["temp_bytes"],
+            r["seconds"],
+            r["rel_err"],
+            n=r["n"],
+            devices=r["devices"],
+            argument_bytes=r["argument_bytes"],
+            all_gather=r["all_gather"],
+        )
+        for r in out
+    ]
+
+
+BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
+    "seed": bench_seed,
+    "precomputed": bench_precomputed,
+    "s4": bench_s4,
+    "gaussian": bench_gaussian,
+    "attention": bench_attention,
+    "sharded": bench_sharded,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendering (from the JSON only)
+
+#: The baseline each workload's ratios are taken against ("time / baseline").
+BASELINE = {
+    "seed": "global-max segment_sum",
+    "precomputed": "floor: jnp.exp(x).sum()",
+    "s4": "naive broadcast",
+    "gaussian": "foldax",
+    "attention": "jax.nn.dot_product_attention",
+    "sharded": "1 device(s)",
+}
+
+TITLES = {
+    "seed": "Seed workload: per-segment logsumexp(f(theta, x)) - log(size), vmapped over 10 theta",
+    "precomputed": "Precomputed data: segment logsumexp of float32 values",
+    "s4": "S4's Cauchy kernel, complex64 (forward k = cauchy(v, z, w); gradient of sum |k|^2)",
+    "gaussian": "Gaussian kernel, D = 3, float32",
+    "attention": "Exact attention, float32 (pairwise_reduce softmax vs jax.nn.dot_product_attention)",
+    "sharded": "Seed workload on 8 host CPU devices (rows split over a mesh), per-device memory",
+}
+
+
+def _fmt_time(s):
+    return "n/a" if s is None else f"{s * 1e3:.1f} ms"
+
+
+def _fmt_err(e):
+    return "n/a" if e is None else f"{e:.1e}"
+
+
+def _base(rows, r, baseline):
+    for b in rows:
+        if b["case"] == r["case"] and b["pass"] == r["pass"] and b["impl"] == baseline:
+            return b
+    return None
+
+
+def workload_table(results: dict, name: str) -> list[str]:
+    rows = results["workloads"][name]
+    base_name = BASELINE[name]
+    extra = name == "sharded"
+    head = "| case | implementation | pass | XLA temp | median time | time / " + base_name + " |"
+    head += " arguments / device | all-gather |" if extra else " max rel err vs float64 |"
+    sep = "|---|---|---|---:|---:|---:|" + ("---:|---|" if extra else "---:|")
+    lines = [head, sep]
+    for r in rows:
+        b = _base(rows, r, base_name)
+        ratio = "n/a" if b is None or not b["seconds"] else f"{r['seconds'] / b['seconds']:.2f}"
+        temp = "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"])
+        tail = (
+            f" {format_bytes(r['argument_bytes'])} | {'yes' if r['all_gather'] else 'no'} |"
+            if extra
+            else f" {_fmt_err(r['rel_err'])} |"
+        )
+        lines.append(
+            f"| {r['case']} | {r['impl']} | {r['pass']} | {temp} | {_fmt_time(r['seconds'])} | {ratio} |"
+            + tail
+        )
+    return lines
+
+
+def _pick(results, workload, impl, pass_, case=None):
+    for r in results["workloads"].get(workload, []):
+        if r["impl"] == impl and r["pass"] == pass_ and (case is None or r["case"] == case):
+            return r
+    return None
+
+
+def headlines(results: dict) -> list[tuple[str, str, str]]:
+    """``(claim, memory, time)`` rows for the README, each from the JSON."""
+    out = []
+    seed_cases = sorted(
+        {r["case"] for r in results["workloads"].get("seed", [])},
+        key=lambda c: int(c.split("=")[1].replace(",", "")),
+    )
+    for case in seed_cases:
+        for p in ("forward", "gradient"):
+            b = _pick(results, "seed", "global-max segment_sum", p, case)
+            f = _pick(results, "seed", "foldax", p, case)
+            if b and f:
+                out.append(
+                    (
+                        f"seed segment workload, {case}, {p}: foldax vs global-max segment_sum",
+                        f"{format_bytes(f['temp_bytes'])} vs {format_bytes(b['temp_bytes'])} ({b['temp_bytes'] / f['temp_bytes']:.0f}x less)",
+                        f"{f['seconds'] / b['seconds']:.2f}x",
+                    )
+                )
+    pre = results["workloads"].get("precomputed", [])
+    if pre:
+        fl = _pick(results, "precomputed", "floor: jnp.exp(x).sum()", "forward")
+        for impl in (
+            "foldax",
+            "jax.ops segment_max + segment_sum",
+            "torch.segment_reduce max + sum",
+        ):
+            r = _pick(results, "precomputed", impl, "forward")
+            if r:
+                out.append(
+                    (
+                        f"precomputed segment logsumexp ({r['case']}): {impl} vs the `jnp.exp(x).sum()` floor",
+                        "",
+                        f"{r['seconds'] / fl['seconds']:.2f}x (of the floor)",
+                    )
+                )
+    s4 = results["workloads"].get("s4", [])
+    if s4:
+        top = max(r["n"] for r in s4)
+        for p in ("forward", "gradient"):
+            b = _pick(results, "s4", "naive broadcast", p, f"N = {top}")
+            f = _pick(results, "s4", "foldax.cauchy", p, f"N = {top}")
+            out.append(
+                (
+                    f"S4 Cauchy, H = {f['h']}, L = {f['length']}, N = {top}, {p}: foldax vs naive broadcast",
+                    f"{format_bytes(f['temp_bytes'])} vs {format_bytes(b['temp_bytes'])}",
+                    f"{f['seconds'] / b['seconds']:.2f}x",
+                )
+            )
+    for red in ("sum", "logsumexp"):
+        rows = [r for r in results["workloads"].get("gaussian", []) if r.get("reduction") == red]
+        f = next((r for r in rows if r["impl"] == "foldax"), None)
+        for r in rows:
+            if f and r["impl"] != "foldax":
+                mem = (
+                    ""
+                    if r["temp_bytes"] is None
+                    else f"{format_bytes(f['temp_bytes'])} vs {format_bytes(r['temp_bytes'])}"
+                )
+                out.append(
+                    (
+                        f"Gaussian kernel {r['case']}: foldax vs {r['impl']}",
+                        mem,
+                        f"{f['seconds'] / r['seconds']:.2f}x",
+                    )
+                )
+    for p in ("forward", "gradient"):
+        b = _pick(results, "attention", "jax.nn.dot_product_attention", p)
+        f = _pick(results, "attention", "foldax", p)
+        if b and f:
+            out.append(
+                (
+                    f"attention {f['case']}, {p}: foldax vs jax.nn.dot_product_attention",
+                    f"{format_bytes(f['temp_bytes'])} vs {format_bytes(b['temp_bytes'])}",
+                    f"{f['seconds'] / b['seconds']:.2f}x",
+                )
+            )
+    for p in ("forward", "gradient"):
+        one = _pick(results, "sharded", "1 device(s)", p)
+        eight = next(
+            (
+                r
+                for r in results["workloads"].get("sharded", [])
+                if r["pass"] == p and r["devices"] > 1
+            ),
+            None,
+        )
+        if one and eight:
+            out.append(
+                (
+                    f"seed {one['case']} on {eight['devices']} host devices, {p} (per device)",
+                    f"arguments {format_bytes(eight['argument_bytes'])} vs {format_bytes(one['argument_bytes'])}, temp {format_bytes(eight['temp_bytes'])} vs {format_bytes(one['temp_bytes'])}",
+                    f"{eight['seconds'] / one['seconds']:.2f}x",
+                )
+            )
+    return out
+
+
+def render_markdown(results: dict) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Produced by `{results['command']}` on {results['date']}, from `{PLOT_DIR}/results.json`.",
+        f"Machine: {machine_line(results['machine'])}.",
+        "",
+        "Memory is XLA's compiled temp-buffer figure (`foldax.memory.report`; deterministic). Times "
+        f"are medians of {results['repeats']} runs after a warm-up, all in this one run; every "
+        "ratio compares numbers from the same run. Errors are max relative errors against float64 "
+        "(complex128 for S4).",
+        "",
+    ]
+    if results["skipped"]:
+        lines += ["Skipped peers (not installed; the extra brings them):", ""]
+        lines += [f"* {s['peer']}: `pip install '{s['extra']}'`" for s in results["skipped"]]
+        lines.append("")
+    for name in WORKLOADS:
+        if name not in results["workloads"]:
+            continue
+        lines += [f"## {TITLES[name]}", "", *workload_table(results, name), ""]
+    if results.get("plots"):
+        lines += ["## Plots", ""] + [f"![{p}]({PLOT_DIR}/{p})" for p in results["plots"]] + [""]
+    return "\n".join(lines)
+
+
+def render_readme_block(results: dict) -> str:
+    lines = [
+        README_START,
+        f"Measured by `{results['command']}` on {results['date']} ({machine_line(results['machine'])}); "
+        "every figure, with errors against float64, in [BENCHMARKS.md](BENCHMARKS.md).",
+        "",
+        "| foldax vs | XLA temp memory | time, foldax / other |",
+        "|---|---|---|",
+        *(f"| {c} | {m} | {t} |" for c, m, t in headlines(results)),
+        "",
+    ]
+    if "time_ratios.png" in results.get("plots", []):
+        lines += [f"![time ratios]({PLOT_DIR}/time_ratios.png)", ""]
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def plots(results: dict, out_dir: str) -> list[str]:
+    """Temp memory against N (log-log) and time ratios against each peer; file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (wl, xkey, title) in zip(
+        axes,
+        (("seed", "n", "seed workload (rows N)"), ("s4", "n", "S4 Cauchy (poles N)")),
+        strict=True,
+    ):
+        rows = results["workloads"].get(wl, [])
+        for impl in dict.fromkeys(r["impl"] for r in rows):
+            for p, style in (("forward", "o-"), ("gradient", "s--")):
+                pts = sorted(
+                    (r[xkey], r["temp_bytes"]) for r in rows if r["impl"] == impl and r["pass"] == p
+                )
+                if len(pts) > 1:
+                    ax.loglog(*zip(*pts, strict=True), style, label=f"{impl} ({p})")
+        ax.set(title=title, xlabel="N", ylabel="XLA temp bytes")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "memory_vs_n.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    written.append("memory_vs_n.png")
+
+    labels, ratios = [], []
+    for wl in ("seed", "precomputed", "s4", "gaussian", "attention"):
+        rows = results["workloads"].get(wl, [])
+        for r in rows:
+            if r["impl"] in ("foldax", "foldax.cauchy") or r["seconds"] is None:
+                continue
+            f = next(
+                (
+                    x
+                    for x in rows
+                    if x["case"] == r["case"]
+                    and x["pass"] == r["pass"]
+                    and x["impl"] in ("foldax", "foldax.cauchy")
+                ),
+                None,
+            )
+            if f:
+                labels.append(f"{wl} {r['case']}, {r['pass']}: {r['impl']}")
+                ratios.append(r["seconds"] / f["seconds"])
+    fig, ax = plt.subplots(figsize=(11, 0.25 * len(labels) + 1.2))
+    ax.barh(
+        range(len(labels)), ratios, color=["tab:green" if q >= 1 else "tab:red" for q in ratios]
+    )
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    ax.set_xscale("log")
+    ax.set_xlabel("peer time / foldax time (> 1: foldax is faster)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "time_ratios.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    written.append("time_ratios.png")
+    return written
+
+
+def terminal_table(results: dict, name: str) -> str:
+    rows = results["workloads"][name]
+    base_name = BASELINE[name]
+    cells = [
+        ("case", "implementation", "pass", "XLA temp", "median time", f"/ {base_name}", "rel err")
+    ]
+    for r in rows:
+        b = _base(rows, r, base_name)
+        cells.append(
+            (
+                r["case"],
+                r["impl"],
+                r["pass"],
+                "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"]),
+                _fmt_time(r["seconds"]),
+                "n/a" if b is None else f"{r['seconds'] / b['seconds']:.2f}",
+                _fmt_err(r["rel_err"]),
+            )
+        )
+    widths = [max(len(str(c[i])) for c in cells) for i in range(len(cells[0]))]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command
+
+
+def run(quick: bool = False, only=None, out: str = ".", command: str | None = None) -> dict:
+    """Run the benchmarks, write ``results.json``, plots, ``BENCHMARKS.md`` (and the README's
+    results block if ``out/README.md`` has the markers). Returns the results."""
+    cfg = QUICK if quick else FULL
+    names = list(WORKLOADS) if not only else list(only)
+    for n in names:
+        if n not in BENCHES:
+            raise SystemExit(
+                f"foldax bench: unknown workload {n!r}; choose from {', '.join(WORKLOADS)}"
+            )
+    command = command or "foldax bench" + (" --quick" if quick else "") + "".join(
+        f" --only {n}" for n in (only or [])
+    )
+    skipped = [{"peer": p, "extra": PEERS[p][1]} for p in PEERS if not available(p)]
+    for s in skipped:
+        print(f"skipped: {s['peer']} (not installed; pip install '{s['extra']}')", file=sys.stderr)
+    prog = Progress(_steps(cfg, names))
+    results = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "quick": quick,
+        "repeats": cfg.repeats,
+        "config": dataclasses.asdict(cfg),
+        "skipped": skipped,
+        "workloads": {},
+        "plots": [],
+    }
+    for name in names:
+        results["workloads"][name] = BENCHES[name](cfg, prog)
+        print(f"\n{TITLES[name]}\n{terminal_table(results, name)}\n", flush=True)
+    write(results, out)
+    return results
+
+
+def write(results: dict, out: str) -> None:
+    plot_dir = os.path.join(out, PLOT_DIR)
+    os.makedirs(plot_dir, exist_ok=True)
+    if available("plots (matplotlib)"):
+        results["plots"] = plots(results, plot_dir)
+    with open(os.path.join(plot_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
+        f.write(render_markdown(results))
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        with open(readme) as f:
+            text = f.read()
+        if README_START in text and README_END in text:
+            head, rest = text.split(README_START, 1)
+            tail = rest.split(README_END, 1)[1]
+            with open(readme, "w") as f:
+                f.write(head + render_readme_block(results) + tail)
+    print(
+        f"wrote {plot_dir}/results.json, {out}/BENCHMARKS.md"
+        + (f", plots {results['plots']}" if results["plots"] else "")
+    )
+
+
+def readme_block_of(text: str) -> str | None:
+    if README_START not in text or README_END not in text:
+        return None
+    return README_START + text.split(README_START, 1)[1].split(README_END, 1)[0] + README_END

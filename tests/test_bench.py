@@ -1,0 +1,97 @@
+"""``foldax bench``: one quick run end to end, and the repository's figures against their JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from foldax import _bench
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """``foldax bench --quick`` in a fresh folder holding a README with the results markers."""
+    out = tmp_path_factory.mktemp("bench")
+    readme = f"# mine\n\nbefore\n\n{_bench.README_START}\nold\n{_bench.README_END}\n\nafter\n"
+    (out / "README.md").write_text(readme)
+    cmd = [sys.executable, "-m", "foldax", "bench", "--quick", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_quick_run_measures_every_workload(quick_run):
+    out, proc = quick_run
+    results = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
+    assert set(results["workloads"]) == set(_bench.WORKLOADS)
+    assert results["quick"] and results["command"] == "foldax bench --quick"
+    for name, rows in results["workloads"].items():
+        assert rows, name
+        for r in rows:
+            assert r["seconds"] > 0 and math.isfinite(r["seconds"]), r
+            assert r["rel_err"] is None or r["rel_err"] < 1e-3, r
+    impls = {r["impl"] for r in results["workloads"]["seed"]}
+    assert {"global-max segment_sum", "pad-and-scan", "slicing loop", "foldax"} <= impls
+    sharded = results["workloads"]["sharded"]
+    assert {r["devices"] for r in sharded} == {1, 8}
+    assert not any(r["all_gather"] for r in sharded)
+    # the progress bar and the tables
+    assert (
+        "] " in proc.stderr and f"/{_bench._steps(_bench.QUICK, _bench.WORKLOADS)}" in proc.stderr
+    )
+    assert "implementation" in proc.stdout
+
+
+def test_quick_run_reports_missing_peers_as_skipped(quick_run):
+    out, proc = quick_run
+    results = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
+    missing = {p for p in _bench.PEERS if not _bench.available(p)}
+    assert {s["peer"] for s in results["skipped"]} == missing
+    for s in results["skipped"]:
+        assert f"skipped: {s['peer']} (not installed; pip install '{s['extra']}')" in proc.stderr
+        assert s["extra"] in (out / "BENCHMARKS.md").read_text()
+    impls = {r["impl"] for rows in results["workloads"].values() for r in rows}
+    assert ("pykeops (CPU)" in impls) == ("pykeops" not in missing)
+    assert ("torch.segment_reduce max + sum" in impls) == ("torch.segment_reduce" not in missing)
+    plots = sorted(p.name for p in (out / _bench.PLOT_DIR).glob("*.png"))
+    assert plots == ([] if "plots (matplotlib)" in missing else sorted(results["plots"]))
+
+
+def test_quick_run_renders_markdown_and_readme_from_its_json(quick_run):
+    out, _ = quick_run
+    results = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
+    assert (out / "BENCHMARKS.md").read_text() == _bench.render_markdown(results)
+    readme = (out / "README.md").read_text()
+    assert readme.startswith("# mine\n\nbefore\n\n") and readme.endswith("\n\nafter\n")
+    assert _bench.readme_block_of(readme) == _bench.render_readme_block(results)
+
+
+def test_repository_figures_match_their_json():
+    """README's Results block and BENCHMARKS.md are what the committed results.json renders."""
+    path = ROOT / _bench.PLOT_DIR / "results.json"
+    results = json.loads(path.read_text())
+    assert not results["quick"], "the committed results must come from a full run"
+    assert (ROOT / "BENCHMARKS.md").read_text() == _bench.render_markdown(results)
+    block = _bench.readme_block_of((ROOT / "README.md").read_text())
+    assert block == _bench.render_readme_block(results)
+    for plot in results["plots"]:
+        assert (ROOT / _bench.PLOT_DIR / plot).exists(), plot
+
+
+def test_unknown_workload_is_a_clear_error():
+    proc = subprocess.run(
+        [sys.executable, "-m", "foldax", "bench", "--only", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "foldax bench: unknown workload 'nope'; choose from seed" in proc.stderr
