@@ -229,6 +229,11 @@ def main(argv=None) -> int:
         help="folder for BENCHMARKS.md and bench/ (results.json, plots); a README.md there with "
         "the results markers gets its Results block rewritten",
     )
+    b.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rewrite BENCHMARKS.md and the README block from OUT/bench/results.json",
+    )
     b.set_defaults(func=bench_cmd)
     args = parser.parse_args(argv)
     return args.func(args)
@@ -237,7 +242,10 @@ def main(argv=None) -> int:
 def bench_cmd(args) -> int:
     from . import _bench
 
-    _bench.run(quick=args.quick, only=args.only, out=args.out)
+    if args.render:
+        _bench.render(args.out)
+    else:
+        _bench.run(quick=args.quick, only=args.only, out=args.out)
     return 0
 
 
