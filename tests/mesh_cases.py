@@ -283,6 +283,8 @@ PAIR_SPLITS = {
     "x": (EXPLICIT, P("d"), P()),
     "grid": (GRID, P("a"), P("b")),
     "auto": (AUTO, P("d"), P()),
+    "ring": (EXPLICIT, P("d"), P("d")),  # both over the same axis: y's blocks go round
+    "ring_grid": (GRID, P(("a", "b")), P("b")),
 }
 
 
@@ -329,10 +331,11 @@ def test_pairwise_on_mesh_equals_one_device(rng, split):
     check_each(PAIR_REDUCTIONS, check, prefix="pairwise ")
 
 
-def test_pairwise_same_axis_for_x_and_y_is_an_error():
-    x = put(np.ones((16, 2), np.float32), EXPLICIT, P("d"))
-    with pytest.raises(ValueError, match=r"foldax\.pairwise_reduce: x and y both split"):
-        jax.jit(lambda x: foldax.pairwise_reduce(lambda a, b: a @ b, x, x))(x)
+def test_pairwise_partly_shared_axes_are_an_error():
+    x = put(np.ones((16, 2), np.float32), GRID, P("a"))
+    y = put(np.ones((16, 2), np.float32), GRID, P(("a", "b")))
+    with pytest.raises(ValueError, match=r"foldax\.pairwise_reduce: y's rows are split over"):
+        jax.jit(lambda x, y: foldax.pairwise_reduce(lambda a, b: a @ b, x, y))(x, y)
 
 
 @pytest.mark.parametrize("check_vma", [True, False])
@@ -401,6 +404,14 @@ def test_pairwise_per_device_memory():
     assert r8.argument_bytes <= m * 3 * 4 + n * 3 * 4 / 8, (r1, r8)
     assert r8.temp_bytes <= r1.temp_bytes, (r1, r8)
     assert_no_gather(eight.as_text())
+    # x and y both split over the same axis: the ring. Per device, a share of both.
+    x8 = jax.ShapeDtypeStruct((m, 3), jnp.float32, sharding=NamedSharding(EXPLICIT, P("d")))
+    ring = jax.jit(f).lower(x8, y8).compile()
+    rr = foldax.memory.report_from_compiled(ring)
+    assert rr.argument_bytes <= (m + n) * 3 * 4 / 8, (r1, rr)
+    assert rr.temp_bytes <= r1.temp_bytes, (r1, rr)
+    assert_no_gather(ring.as_text())
+    assert "collective-permute" in collectives(ring.as_text())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -345,12 +345,16 @@ def _block_sizes(name, block_size, m, n):
     return min(bi, m), min(bj, n)
 
 
-def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
+def pairwise(name, kernel, x, y, monoid, bi, bj, axes=(), ring=()):
     """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, with a custom VJP.
 
     On a mesh, ``axes`` are the mesh axes that split the rows of ``y`` (inside ``shard_map``):
     ``y`` is this device's rows, ``x`` is the same on every device along ``axes``, and the
     per-row states are all-reduced along them (indices count from this device's first row).
+
+    ``ring`` are mesh axes that split the rows of both ``x`` and ``y``: the blocks of ``y`` go
+    round the devices (``ppermute``), each device folding every block into the states of its
+    own rows of ``x``; backward, each block travels with its cotangent and comes home with it.
     """
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
     # y is walked transposed (rows last, see ``tile``): one O(N) copy, made once per call.
@@ -362,6 +366,22 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
         """Index of this device's first row of y (called where used: a tracer must not leak
         into the custom VJP's rules)."""
         return _shard.device_index(axes) * n if axes else 0
+
+    def around(body, carry, travel):
+        """``carry = body(carry, travel, first)`` for every device's block ``travel`` along
+        ``ring`` (``first``: the block's first row of y), passing the blocks round with
+        ``ppermute``; after a full turn each block (and what ``body`` added to it) is home."""
+        count, me = _shard.device_count(ring), _shard.device_index(ring)
+        perm = [(i, (i + 1) % count) for i in range(count)]
+        axis = ring if len(ring) > 1 else ring[0]
+
+        def step(c, r):
+            carry, travel = body(*c, ((me - r) % count) * n)
+            travel = jax.tree.map(lambda a: lax.ppermute(a, axis, perm), travel)
+            return (carry, travel), None
+
+        (carry, travel), _ = lax.scan(step, (carry, travel), jnp.arange(count))
+        return carry, travel
 
     if axes and _shard.types_checked(axes):
         # x meets rows of y that differ per device: make it varying here, outside the custom
@@ -419,7 +439,19 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
         return monoid.init_aval(num, aval)
 
     def forward(consts, x, y):
-        y = to_cols(y)
+        yc = to_cols(y)
+        if not ring:
+            state = forward_cols(consts, x, yc, first_j())
+        else:
+
+            def fold_block(state, yb, first):
+                return monoid.combine(state, forward_cols(consts, x, yb, first)), yb
+
+            state, _ = around(fold_block, init(m), yc)
+        return monoid.allreduce(state, axes) if axes else state
+
+    def forward_cols(consts, x, y, first):
+        """States of every row of ``x`` over the rows of ``y`` (given transposed)."""
 
         def outer(state_all, ti):
             si, _ = rows_i.at(ti)
@@ -429,7 +461,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
                 sj, own_j = rows_j.at(tj)
                 v = tile(consts, xb, rows_j.read(y, sj))
                 mask = jnp.broadcast_to(own_j[None, :], (bi, bj))
-                extra = (first_j() + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
+                extra = (first + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
                 st = monoid.combine(st, monoid.reduce(v, mask, *extra))
                 return _shard.to_varying(st, axes), None
 
@@ -442,7 +474,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
 
         steps_i = jnp.arange(rows_i.steps, dtype=jnp.int32)
         state, _ = lax.scan(outer, _shard.to_varying(init(m), axes), steps_i)
-        return monoid.allreduce(state, axes) if axes else state
+        return state
 
     if isinstance(monoid, ArgExtremum):
         # Integer output: nothing to differentiate.
@@ -477,17 +509,17 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
             return jnp.zeros(t.aval.shape, jnp.int32)  # an integer output's: never read
 
         g = _shard.replicated_cotangent(jax.tree.map(dense, g, is_leaf=is_zero), axes)
-        y = to_cols(y)
+        y_cols = to_cols(y)
         dc, rc, tc = _split(consts, fc)
         dx, _rx, tx = _split(x, fx)
-        dy, _ry, ty = _split(y, fy)
+        dy, _ry, ty = _split(y_cols, fy)
         keep = lambda d: [a for a in d if a is not None]  # noqa: E731
 
         def fill(vals, diff, rest, treedef):
             it = iter(vals)
             return _merge([next(it) if d is not None else None for d in diff], rest, treedef)
 
-        def outer(carry, ti):
+        def outer(carry, ti, y, first):
             acc_c, ct_x, ct_y = carry
             si, own_i = rows_i.at(ti)
             xb = rows_i.read(x, si)
@@ -508,7 +540,7 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
 
                 v, pull = jax.vjp(f, keep(dc), keep(xb_d), keep(yb_d))
                 mask = own_i[:, None] & own_j[None, :]
-                extra = (first_j() + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
+                extra = (first + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
                 # typed like v (varying on a mesh) whatever the monoid's formula keeps
                 ct_v = _shard.to_varying(monoid.row_cotangent(v, mask, info_b, g_b, *extra), axes)
                 gc, gx, gy = pull(ct_v)
@@ -527,8 +559,23 @@ def pairwise(name, kernel, x, y, monoid, bi, bj, axes=()):
 
         # The consts' cotangents have their type (see foldax._shard); x's and y's are varying.
         zeros = lambda d: [jnp.zeros_like(a) for a in keep(d)]  # noqa: E731
-        init = (zeros(dc), *_shard.to_varying((zeros(dx), zeros(dy)), axes))
-        (acc_c, ct_x, ct_y), _ = lax.scan(outer, init, jnp.arange(rows_i.steps, dtype=jnp.int32))
+        steps_i = jnp.arange(rows_i.steps, dtype=jnp.int32)
+
+        def backward_cols(acc_c, ct_x, ct_y, y, first):
+            init = (acc_c, *_shard.to_varying((ct_x, ct_y), axes))
+            body = lambda c, ti: outer(c, ti, y, first)  # noqa: E731
+            return lax.scan(body, init, steps_i)[0]
+
+        if not ring:
+            acc_c, ct_x, ct_y = backward_cols(zeros(dc), zeros(dx), zeros(dy), y_cols, first_j())
+        else:
+
+            def block(carry, travel, first):
+                yb, ct_yb = travel
+                acc_c, ct_x, ct_yb = backward_cols(*carry, ct_yb, yb, first)
+                return (acc_c, ct_x), (yb, ct_yb)
+
+            (acc_c, ct_x), (_, ct_y) = around(block, (zeros(dc), zeros(dx)), (y_cols, zeros(dy)))
 
         def out(vals, diff, treedef):
             it = iter(vals)
@@ -616,7 +663,8 @@ def pairwise_reduce(
       axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) over which the rows of
         ``y`` are split; ``y`` is this device's share, ``x`` must be the same on every device
         along it, and the states are all-reduced (indices are global). Under ``jax.jit``,
-        ``x`` and ``y`` sharded over different mesh axes are distributed without it.
+        sharded ``x`` and ``y`` are distributed without it: over different mesh axes, or over
+        the same ones as a ring (the blocks of ``y`` go round the devices).
 
     Returns:
       ``(M, *F)`` for sum / logsumexp / max / min / softmax (``F`` of the value); ``(M, *F)``
@@ -653,8 +701,9 @@ def pairwise_reduce(
     return _on_mesh(name, kernel, x, y, monoid, block_size, *split)
 
 
-def _local(name, kernel, x, y, monoid, block_size, m, n, axes):
-    """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes``."""
+def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=()):
+    """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes`` (its
+    states all-reduced) or over ``ring`` (axes that split ``x`` too: its blocks go round)."""
     bi, bj = _block_sizes(name, block_size, m, n)
     if m == 0 or n == 0:
         return _empty(monoid, kernel, x, y, m)
@@ -666,7 +715,7 @@ def _local(name, kernel, x, y, monoid, block_size, m, n, axes):
                 f"rows of y (the reduced axis) and every device must hold the same rows of x; "
                 f"replicate x along it (in_specs P() for x), or split x over another mesh axis."
             )
-    return pairwise(name, kernel, x, y, monoid, bi, bj, axes)
+    return pairwise(name, kernel, x, y, monoid, bi, bj, axes, ring)
 
 
 def _mesh_split(name, x, y, m, n):
@@ -683,12 +732,12 @@ def _mesh_split(name, x, y, m, n):
         return None if mesh is None else (mesh, (), ())
     mesh = (xs or ys)[0]
     x_axes, y_axes = (xs[1] if xs else ()), (ys[1] if ys else ())
-    both = sorted(set(x_axes) & set(y_axes))
-    if both:
+    both = set(x_axes) & set(y_axes)
+    if both and not set(y_axes) <= set(x_axes):
         raise ValueError(
-            f"{name}: x and y both split their rows over mesh axes {tuple(both)}; a device would "
-            f"need every row of y for its rows of x. Split x and y over different mesh axes "
-            f"(e.g. a 2-D mesh), or replicate one of them along {tuple(both)}."
+            f"{name}: y's rows are split over mesh axes {y_axes}, of which x's rows are split "
+            f"over {tuple(sorted(both))} too but not over all: split y over axes that x is split "
+            f"over (its blocks then go round them), or over axes that x is not split over."
         )
     return mesh, x_axes, y_axes
 
@@ -708,6 +757,8 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
     def body(x, y, consts):
         run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
         k = lambda a, b: jax.tree.unflatten(out_tree, run(*jax.tree.leaves((a, b))))  # noqa: E731
+        if y_axes and set(y_axes) <= set(x_axes):  # y's blocks go round the devices that split x
+            return _local(name, k, x, y, monoid, block_size, m, n, (), y_axes)
         return _local(name, k, x, y, monoid, block_size, m, n, y_axes)
 
     def rows_spec(axes):
