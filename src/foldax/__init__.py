@@ -1,8 +1,10 @@
 """foldax: reductions for JAX that never materialize their intermediate.
 
-Segment (ragged) reductions and, soon, pairwise reductions, computed as a streamed fold of a
-monoid over chunks of a lazily computed axis, with custom VJPs whose backward pass is itself a
-streamed fold. See the README and ``docs/`` for the story; ``foldax.memory`` measures it.
+Segment (ragged) reductions, KeOps-style pairwise reductions and S4's kernels, computed as a
+streamed fold of a monoid over chunks of a lazily computed axis, with custom VJPs whose backward
+pass is itself a streamed fold; on a device mesh, each device folds its own rows and the small
+states are all-reduced. See the README and ``docs/`` for the story; ``foldax.memory`` measures
+it and ``foldax bench`` reproduces the numbers.
 """
 
 from . import memory as memory
