@@ -218,22 +218,21 @@ def test_segment_axis_name_inside_shard_map(rng, check_vma, form):
     check_each(ALL, lambda nm: assert_allclose(values[nm], ref[nm], dtype=np.float32, scale=10))
 
 
-def test_segment_axis_name_errors():
-    with pytest.raises(ValueError, match=r"foldax\.segment_sum: axis_name='nope' is not a mesh"):
-        sm = jax.shard_map(
-            lambda x: foldax.segment_sum(x, sizes=[16], axis_name="nope"),
-            mesh=EXPLICIT,
-            in_specs=P("d"),
-            out_specs=P(),
-        )
-        jax.jit(sm)(put(np.ones(128, np.float32), EXPLICIT, P("d")))
-    with pytest.raises(ValueError, match=r"sizes sum to 16 but data has N = 128"):
-        sm = jax.shard_map(
-            lambda x: foldax.segment_sum(x, sizes=[16], axis_name="d"),
-            mesh=EXPLICIT,
-            in_specs=P("d"),
-            out_specs=P(),
-        )
+@pytest.mark.parametrize(
+    "axis, match",
+    [
+        ("nope", r"foldax\.segment_sum: axis_name='nope' is not a mesh"),
+        ("d", r"sizes sum to 16 but data has N = 128"),  # sizes describe all rows
+    ],
+)
+def test_segment_axis_name_errors(axis, match):
+    sm = jax.shard_map(
+        lambda x: foldax.segment_sum(x, sizes=[16], axis_name=axis),
+        mesh=EXPLICIT,
+        in_specs=P("d"),
+        out_specs=P(),
+    )
+    with pytest.raises(ValueError, match=match):
         jax.jit(sm)(put(np.ones(128, np.float32), EXPLICIT, P("d")))
 
 

@@ -390,28 +390,10 @@ def bench_attention(cfg: Config, prog: Progress) -> list[dict]:
         jg = jax.jit(g)
         err = float(np.max(np.abs(np.asarray(jf(q, k, v)) - ref)) / np.max(np.abs(ref)))
         case = f"M = N = {m:,}, D = {d}"
-        rows.append(
-            _row(
-                "attention",
-                case,
-                name,
-                "forward",
-                report(fn, q, k, v).temp_bytes,
-                w.median_time(jf, q, k, v, repeats=cfg.repeats),
-                err,
-            )
-        )
-        rows.append(
-            _row(
-                "attention",
-                case,
-                name,
-                "gradient",
-                report(g, q, k, v).temp_bytes,
-                w.median_time(jg, q, k, v, repeats=cfg.repeats),
-                None,
-            )
-        )
+        for pass_, f, jitted, e in (("forward", fn, jf, err), ("gradient", g, jg, None)):
+            secs = w.median_time(jitted, q, k, v, repeats=cfg.repeats)
+            temp = report(f, q, k, v).temp_bytes
+            rows.append(_row("attention", case, name, pass_, temp, secs, e))
     return rows
 
 
@@ -718,7 +700,8 @@ def plots(results: dict, out_dir: str) -> list[str]:
                 if len(pts) > 1:
                     ax.loglog(*zip(*pts, strict=True), style, label=f"{impl} ({p})")
         ax.set(title=title, xlabel="N", ylabel="XLA temp bytes")
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "memory_vs_n.png"), dpi=110, bbox_inches="tight")
     plt.close(fig)

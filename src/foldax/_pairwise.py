@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -750,13 +749,10 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
     dx = math.prod(mesh.shape[a] for a in x_axes)
     dy = math.prod(mesh.shape[a] for a in y_axes)
     m, n = _num_rows(name, "x", x) // dx, _num_rows(name, "y", y) // dy
-    closed, out_shape = jax.make_jaxpr(kernel, return_shape=True)(_row_avals(x), _row_avals(y))
-    out_tree = jax.tree.structure(out_shape)
-    consts = [jnp.asarray(c) for c in closed.consts]
+    replay, consts = _shard.replayable(kernel, _row_avals(x), _row_avals(y))
 
     def body(x, y, consts):
-        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
-        k = lambda a, b: jax.tree.unflatten(out_tree, run(*jax.tree.leaves((a, b))))  # noqa: E731
+        k = replay(consts)
         if y_axes and set(y_axes) <= set(x_axes):  # y's blocks go round the devices that split x
             return _local(name, k, x, y, monoid, block_size, m, n, (), y_axes)
         return _local(name, k, x, y, monoid, block_size, m, n, y_axes)

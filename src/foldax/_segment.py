@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -432,14 +431,7 @@ def _replayable(fn, data, rows):
     example = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct((rows, *jnp.shape(a)[1:]), jnp.result_type(a)), data
     )
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(example)
-    out_tree = jax.tree.structure(out_shape)
-
-    def replay(consts):
-        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
-        return lambda r: jax.tree.unflatten(out_tree, run(*jax.tree.leaves(r)))
-
-    return replay, [jnp.asarray(c) for c in closed.consts]
+    return _shard.replayable(fn, example)
 
 
 _PARTITION_DOC = """

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.extend
 from jax import lax
 from jax.sharding import AxisType
 
@@ -191,6 +192,23 @@ def on_explicit_mesh(leaves):
     return mesh if mesh is not None and explicit_axes(mesh) else None
 
 
+def replayable(fn, *examples):
+    """``(replay, consts)``: ``fn`` traced once on ``examples``, ``replay(consts)`` the same
+    function with every array it closes over (``consts``) passed in explicitly.
+
+    ``shard_map`` cannot close over arrays split on Explicit axes, so the arrays a user's
+    ``fn`` / ``kernel`` closes over enter it as (replicated) inputs instead.
+    """
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*examples)
+    out_tree = jax.tree.structure(out_shape)
+
+    def replay(consts):
+        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
+        return lambda *args: jax.tree.unflatten(out_tree, run(*jax.tree.leaves(args)))
+
+    return replay, [jax.numpy.asarray(c) for c in closed.consts]
+
+
 def place(tree, mesh, spec_of):
     """Reshard every leaf to ``spec_of(leaf)`` on ``mesh`` where its mesh axes are Explicit
     (``shard_map`` requires the types to match); with Auto axes ``shard_map`` does it itself."""
@@ -208,6 +226,7 @@ __all__ = [
     "on_explicit_mesh",
     "place",
     "reduce_cotangent",
+    "replayable",
     "replicated_cotangent",
     "row_axes",
     "to_varying",
