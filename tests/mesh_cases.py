@@ -245,18 +245,11 @@ def test_seed_workload_per_device_memory():
     the only collective is an all-reduce."""
     prob = w.seed_problem(repeat=1)
     s = len(prob.sizes)
-    n = prob.n + (-prob.n) % 8
-    # Padding rows carry the id S: dropped, like jax.ops (sorted order is kept).
-    ids = np.full(n, s, np.int32)
-    ids[: prob.n] = np.repeat(np.arange(s, dtype=np.int32), prob.sizes)
+    n = prob.n + (-prob.n) % 8  # padding rows carry the id S: dropped, the ids stay sorted
     x = jax.ShapeDtypeStruct((n, 5), jnp.float32)
     x8 = jax.ShapeDtypeStruct((n, 5), jnp.float32, sharding=NamedSharding(EXPLICIT, P("d")))
     thetas = jax.ShapeDtypeStruct((10, 5), jnp.float32)
-
-    def per_theta(theta, x):
-        return foldax.segment_logsumexp(x, ids, s, fn=lambda r: w.model(theta, r))
-
-    fwd, grad = w.forward_and_grad(per_theta)
+    fwd, grad = w.forward_and_grad(w.way_foldax_padded(prob.sizes, n))
     for f in (fwd, grad):
         one = jax.jit(f).lower(thetas, x).compile()
         eight = jax.jit(f).lower(thetas, x8).compile()

@@ -235,8 +235,13 @@ def make_tile_plan(n, sizes, offsets, num_segments, chunk, tile=None, num_tiles=
     return TilePlan(*arrs, n=n, num_segments=num_segments, tile=tile, group=group, steps=steps)
 
 
+def row_chunk(n, chunk):
+    """Rows per step of a :class:`RowPlan` over ``n`` rows."""
+    return max(1, min(chunk, n))
+
+
 def make_row_plan(n, segment_ids, num_segments, chunk):
-    chunk = max(1, min(chunk, n))
+    chunk = row_chunk(n, chunk)
     return RowPlan(
         segment_ids=segment_ids,
         n=n,

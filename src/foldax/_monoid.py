@@ -9,9 +9,9 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
 * ``scatter(carry, seg, st)``: merge tile states ``st`` (``(G, *F)``) into the slots ``seg``
   (``(G,)`` int, in ``[0, num]``; the value ``num`` means *drop*) of ``carry`` (``(num, *F)``);
 * ``allreduce(state, axes)``: ``combine`` the states of every device along the mesh ``axes``
-  (inside ``shard_map``): the default all-gathers the (small) states and folds them with
-  ``combine``, so every monoid distributes; sums, extrema and log-sum-exps use ``psum`` /
-  ``pmax`` instead;
+  (inside ``shard_map``): the default gathers the (small) states with a ``psum`` of per-device
+  slots and folds them with ``combine``, so every monoid distributes; sums, extrema and
+  log-sum-exps use ``psum`` / ``pmax`` instead;
 * ``finalize(state)``: the public result;
 * ``grad_info(state)``: the per-slot arrays the backward pass needs (e.g. the log-sum-exp itself);
 * ``row_cotangent(v, mask, info, g)``: for the custom VJP, the cotangent of every reduced value,

@@ -191,19 +191,22 @@ class SoftmaxSum(Monoid):
             acc = jnp.einsum("ij,ij...->i...", w_v, val)
         return (m, jnp.sum(w, axis=1), acc)
 
+    @staticmethod
+    def _factor(st, m):
+        """The rescaling of state ``st`` to the running max ``m``; 0 where ``st`` is empty (its
+        factor may overflow to inf: never multiply it)."""
+        zero = jnp.zeros((), st[1].dtype)
+        return jnp.where(st[1] != 0, _rescale(jnp.ones_like(st[1]), st[0], m), zero)
+
     def combine(self, a, b):
         m = jnp.maximum(a[0], b[0])
-        zero = jnp.zeros((), a[1].dtype)
-        # 0 where a state is empty (its factor may overflow to inf: never multiply it)
-        fa = jnp.where(a[1] != 0, _rescale(jnp.ones_like(a[1]), a[0], m), zero)
-        fb = jnp.where(b[1] != 0, _rescale(jnp.ones_like(b[1]), b[0], m), zero)
+        fa, fb = self._factor(a, m), self._factor(b, m)
         acc = a[2] * _expand(fa, a[2].ndim) + b[2] * _expand(fb, b[2].ndim)
         return (m, a[1] * fa + b[1] * fb, acc)
 
     def allreduce(self, state, axes):
         m = lax.pmax(state[0], axes)
-        zero = jnp.zeros((), state[1].dtype)
-        f = jnp.where(state[1] != 0, _rescale(jnp.ones_like(state[1]), state[0], m), zero)
+        f = self._factor(state, m)
         acc = lax.psum(state[2] * _expand(f, state[2].ndim), axes)
         return (m, lax.psum(state[1] * f, axes), acc)
 
@@ -757,19 +760,16 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
             return _local(name, k, x, y, monoid, block_size, m, n, (), y_axes)
         return _local(name, k, x, y, monoid, block_size, m, n, y_axes)
 
-    def rows_spec(axes):
-        return lambda a: P(axes or None, *([None] * (jnp.ndim(a) - 1)))
-
-    x = _shard.place(x, mesh, rows_spec(x_axes))
-    y = _shard.place(y, mesh, rows_spec(y_axes))
+    x = _shard.place(x, mesh, _shard.rows_spec(x_axes))
+    y = _shard.place(y, mesh, _shard.rows_spec(y_axes))
     consts = _shard.place(consts, mesh, lambda a: P())
     out = P(x_axes or None)
     run = jax.shard_map(
         body,
         mesh=mesh,
         in_specs=(
-            jax.tree.map(lambda a: rows_spec(x_axes)(a), x),
-            jax.tree.map(lambda a: rows_spec(y_axes)(a), y),
+            jax.tree.map(_shard.rows_spec(x_axes), x),
+            jax.tree.map(_shard.rows_spec(y_axes), y),
             [P() for _ in consts],
         ),
         out_specs=(out, out) if isinstance(monoid, KMin) else out,

@@ -282,7 +282,7 @@ class _Ids:
         if self.sorted:
             tile, group, _ = _fold.tile_layout(n, None, self.num_segments, chunk)
             return tile * group
-        return max(1, min(chunk, n))
+        return _fold.row_chunk(n, chunk)
 
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
         """The plan over this device's ``n`` rows (``arrays``: its slice of the ids)."""
@@ -407,7 +407,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
     def body(data, arrays, consts):
         return local(data, arrays, replay(consts))
 
-    data = _shard.place(data, mesh, lambda a: P(axes or None, *([None] * (jnp.ndim(a) - 1))))
+    data = _shard.place(data, mesh, _shard.rows_spec(axes))
     arrays = tuple(
         _shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, arr_specs, strict=True)
     )
@@ -415,7 +415,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
     run = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(jax.tree.map(lambda _: split, data), arr_specs, [P() for _ in consts]),
+        in_specs=(jax.tree.map(_shard.rows_spec(axes), data), arr_specs, [P() for _ in consts]),
         out_specs=split if per_row else P(),
         axis_names=_shard.manual_axes(mesh, axes),
         check_vma=False,

@@ -7,8 +7,9 @@ Two ways in:
   per-row-of-``x`` state) is combined across devices with ``Monoid.allreduce``.
 * **Under plain ``jax.jit``** with sharded inputs, :func:`row_axes` reads the mesh axes that split
   the reduced axis from the inputs' types (``Explicit`` mesh axes are part of the type in current
-  JAX; with ``Auto`` axes only the mesh is known, and foldax splits the rows over all of its
-  axes), and the public function wraps itself in a ``shard_map`` over those axes.
+  JAX; with ``Auto`` axes only the mesh is known, and foldax splits the rows over every Auto
+  axis whose size divides them), and the public function wraps itself in a ``shard_map`` over
+  those axes.
 
 Nothing of the reduced size ``N`` crosses devices: only ``(S, ...)`` states (forward) and the
 cotangents of replicated inputs (backward) are all-reduced.
@@ -31,6 +32,7 @@ import jax
 import jax.extend
 from jax import lax
 from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 
 def varying(x) -> frozenset:
@@ -66,7 +68,7 @@ def example(a, shape, axes):
     dtype = jax.numpy.result_type(a)
     if not axes or not types_checked(axes):
         return jax.ShapeDtypeStruct(shape, dtype)
-    return to_varying(to_varying(jax.numpy.zeros(shape, dtype), tuple(varying(a))), axes)
+    return to_varying(jax.numpy.zeros(shape, dtype), tuple(varying(a) | frozenset(axes)))
 
 
 def types_checked(axes) -> bool:
@@ -128,7 +130,8 @@ def device_index(axes):
     return lax.axis_index(axes if len(axes) > 1 else axes[0])
 
 
-def _spec_axes(entry) -> tuple:
+def spec_axes(entry) -> tuple:
+    """The mesh axes of one ``PartitionSpec`` entry (``None``, a name or a tuple of names)."""
     if entry is None:
         return ()
     return tuple(entry) if isinstance(entry, tuple | list) else (entry,)
@@ -161,7 +164,7 @@ def row_axes(leaves, n, auto=True):
     for a in leaves:
         spec = jax.typeof(a).sharding.spec
         if len(spec) and spec[0] is not None:
-            axes = tuple(ax for ax in _spec_axes(spec[0]) if types[ax] == AxisType.Explicit)
+            axes = tuple(ax for ax in spec_axes(spec[0]) if types[ax] == AxisType.Explicit)
             if axes:
                 return mesh, axes
     picked, size = [], 1
@@ -171,6 +174,11 @@ def row_axes(leaves, n, auto=True):
             picked.append(ax)
             size *= s
     return (mesh, tuple(picked)) if picked else None
+
+
+def rows_spec(axes):
+    """``leaf -> PartitionSpec``: the leading axis (rows) split over ``axes``, the rest whole."""
+    return lambda a: P(axes or None, *([None] * (jax.numpy.ndim(a) - 1)))
 
 
 def explicit_axes(mesh) -> frozenset:
@@ -229,6 +237,8 @@ __all__ = [
     "replayable",
     "replicated_cotangent",
     "row_axes",
+    "rows_spec",
+    "spec_axes",
     "to_varying",
     "types_checked",
     "varying",

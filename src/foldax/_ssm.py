@@ -84,7 +84,7 @@ def _distributed(name, local, arrays, kinds, batch, axis_name):
                 batch_spec[pos] = e
         if spec[-1] is not None and last[kind] is None:
             last[kind] = spec[-1]
-    used = [_spec_axes(e) for e in (*batch_spec, last["pole"], last["node"])]
+    used = [_shard.spec_axes(e) for e in (*batch_spec, last["pole"], last["node"])]
     flat = [ax for u in used for ax in u]
     if len(flat) != len(set(flat)):
         raise ValueError(
@@ -103,7 +103,7 @@ def _distributed(name, local, arrays, kinds, batch, axis_name):
 
     specs = [spec_of(a, k) for a, k in zip(arrays, kinds, strict=True)]
     placed = [_shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, specs, strict=True)]
-    poles = _spec_axes(last["pole"])
+    poles = _shard.spec_axes(last["pole"])
     run = jax.shard_map(
         lambda *arrs: local(*arrs, poles),
         mesh=mesh,
@@ -113,12 +113,6 @@ def _distributed(name, local, arrays, kinds, batch, axis_name):
         check_vma=False,
     )
     return run(*placed)
-
-
-def _spec_axes(entry):
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple | list) else (entry,)
 
 
 def _batch_shape(name, **arrays):
