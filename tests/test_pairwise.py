@@ -668,8 +668,10 @@ def test_memory_independent_of_m_times_n(reduction):
         s = jax.ShapeDtypeStruct((n, 3), jnp.float32)
         temps[n] = (report(fwd, s, s).temp_bytes, report(grad, s, s).temp_bytes)
     for which, small, big in zip(("forward", "grad"), temps[2048], temps[8192], strict=True):
-        # a little slack for the O(M + N) per-row summaries (e.g. the log-sum-exp)
-        assert big <= 1.15 * small + 8 * (8192 + 8192), (which, temps)
+        # a little slack for the O(M + N) per-row summaries (e.g. the log-sum-exp) and, for the
+        # gradient, y's cotangent accumulated in y's walking layout (D, N) before its transpose
+        slack = 8 * (8192 + 8192) + (3 * 4 * 8192 if which == "grad" else 0)
+        assert big <= 1.15 * small + slack, (which, temps)
         dense_bytes = 8192 * 8192 * 4
         assert big < dense_bytes / 256, (which, temps)
 

@@ -12,13 +12,17 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
   (inside ``shard_map``): the default gathers the (small) states with a ``psum`` of per-device
   slots and folds them with ``combine``, so every monoid distributes; sums, extrema and
   log-sum-exps use ``psum`` / ``pmax`` instead;
-* ``finalize(state)``: the public result;
-* ``grad_info(state)``: the per-slot arrays the backward pass needs (e.g. the log-sum-exp itself);
-* ``row_cotangent(v, mask, info, g)``: for the custom VJP, the cotangent of every reduced value,
-  given ``grad_info`` and the output cotangent ``g`` gathered per tile (``(G, *F)``); exactly zero
-  where ``mask`` is false.
+* ``outputs(state)``: the fold's outputs, the public result first (``finalize``), then what the
+  derivatives need that the result does not say (a count, the log-sum-exp of attention);
+* ``info(outputs)``: the per-slot arrays the derivative rules read, as a differentiable function of
+  the outputs (so that second-order derivatives flow through them);
+* ``row_cotangent(v, mask, info, g)``: the cotangent of every reduced value given the outputs'
+  cotangents ``g`` (a tuple, one per output, ``None`` where there is none), gathered per tile
+  (``(G, ...)``); exactly zero where ``mask`` is false;
+* ``tangent(v, dv, mask, info)``: the outputs' tangents contributed by one tile (``(G, ...)`` per
+  output, ``None`` for integer outputs), given the values' tangents ``dv``.
 
-A new reduction is a new monoid; the engine in :mod:`foldax._fold` never changes.
+A new reduction is a new monoid; the engine in :mod:`foldax._engine` never changes.
 """
 
 from __future__ import annotations
@@ -56,9 +60,20 @@ def _rescale(s, m_from, m_to):
     return jnp.where(s == 0, jnp.zeros((), s.dtype), s * f)
 
 
-def _scatter_add(num, seg, x):
-    """Sum rows of ``x`` into ``num`` slots by ``seg``; ``seg == num`` is dropped."""
-    return jnp.zeros((num, *x.shape[1:]), x.dtype).at[seg].add(x, mode="drop")
+def _add_at(carry, seg, x):
+    """``carry`` with rows of ``x`` added into slots ``seg`` (``seg == len(carry)``: dropped).
+
+    Scatters update the carry in place and touch only the ``G`` slots of a step: a step costs
+    ``O(G)``, not ``O(S)``, however many segments there are."""
+    return carry.at[seg].add(x, mode="drop")
+
+
+def _rescale_at(s, seg, m_from, m_to):
+    """``s`` with the slots ``seg`` rescaled from the shift ``m_from`` to ``m_to`` (both full
+    ``(S, ...)`` arrays); the other slots are unchanged (their factor is exactly 1). Duplicate
+    slots in ``seg`` write the same value."""
+    new = _rescale(_take(s, seg), _take(m_from, seg), _take(m_to, seg))
+    return s.at[seg].set(new, mode="drop")
 
 
 def _take(a, seg):
@@ -124,6 +139,33 @@ class Monoid:
         out, _ = lax.scan(lambda acc, st: (self.combine(acc, st), None), first, rest)
         return out
 
+    def outputs(self, state):
+        """The fold's outputs: the public result first."""
+        return (self.finalize(state),)
+
+    def info(self, outputs):
+        """Per-slot arrays for ``row_cotangent`` / ``tangent``, computed from the outputs."""
+        return ()
+
+    def result(self, outputs):
+        """The public result from the outputs."""
+        return outputs[0]
+
+    def tangent(self, v, dv, mask, info, *index):
+        """Tangents of the outputs from one tile. The default holds for reductions whose result
+        depends on each value elementwise (sum, mean, extrema, log-sum-exp): the Jacobian is the
+        cotangent of a unit output, ``row_cotangent(.., g=1)``, times ``dv``."""
+        ones = jnp.ones(dv.shape[:1] + dv.shape[2:], dv.dtype)
+        w = self.row_cotangent(v, mask, info, (ones,) + (None,) * (self.n_outputs - 1), *index)
+        return (jnp.sum(w * dv, axis=1),) + (None,) * (self.n_outputs - 1)
+
+    #: how many arrays ``outputs`` returns
+    n_outputs = 1
+
+    def value_aval(self, tile_aval):
+        """One value's aval from a tile's ``(G, T, *F)`` values."""
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), tile_aval)
+
     def init_aval(self, num, aval):
         """The identity state for values of ``aval`` (a ``ShapeDtypeStruct`` or a pytree of them)."""
         return self.init(num, aval.shape, aval.dtype)
@@ -165,16 +207,13 @@ class Sum(Monoid):
         return (lax.psum(state[0], axes),)
 
     def scatter(self, carry, seg, st):
-        return (carry[0] + _scatter_add(carry[0].shape[0], seg, st[0]),)
+        return (_add_at(carry[0], seg, st[0]),)
 
     def finalize(self, st):
         return st[0]
 
-    def grad_info(self, st):
-        return ()
-
     def row_cotangent(self, v, mask, info, g):
-        ct = jnp.broadcast_to(g[:, None], v.shape)
+        ct = jnp.broadcast_to(g[0][:, None], v.shape)
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
 
 
@@ -205,19 +244,23 @@ class Mean(Monoid):
         return (lax.psum(state[0], axes), lax.psum(state[1], axes))
 
     def scatter(self, carry, seg, st):
-        n = carry[0].shape[0]
-        return (carry[0] + _scatter_add(n, seg, st[0]), carry[1] + _scatter_add(n, seg, st[1]))
+        return (_add_at(carry[0], seg, st[0]), _add_at(carry[1], seg, st[1]))
+
+    n_outputs = 2
 
     def finalize(self, st):
         s, c = st
         return s / _expand(c, s.ndim).astype(s.dtype)
 
-    def grad_info(self, st):
-        return (_expand(st[1], st[0].ndim).astype(st[0].dtype),)
+    def outputs(self, st):
+        return (self.finalize(st), st[1])
+
+    def info(self, outputs):
+        return (_expand(outputs[1], outputs[0].ndim).astype(jnp.float32),)
 
     def row_cotangent(self, v, mask, info, g):
         (count,) = info
-        share = (g.astype(count.dtype) / jnp.maximum(count, 1)).astype(v.dtype)
+        share = (g[0].astype(count.dtype) / jnp.maximum(count, 1)).astype(v.dtype)
         ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
 
@@ -264,20 +307,27 @@ class _Extremum(Monoid):
         cm, cc = carry
         tm, tc = st
         m = cm.at[seg].max(tm, mode="drop") if self.is_max else cm.at[seg].min(tm, mode="drop")
-        won = tm == _take(m, seg)
-        c = jnp.where(cm == m, cc, 0) + _scatter_add(m.shape[0], seg, jnp.where(won, tc, 0))
-        return (m, c)
+        m_seg = _take(m, seg)
+        # a slot's count survives where its extreme did (only the touched slots can change)
+        kept = jnp.where(_take(cm, seg) == m_seg, _take(cc, seg), 0)
+        c = cc.at[seg].set(kept, mode="drop")
+        return (m, _add_at(c, seg, jnp.where(tm == m_seg, tc, 0)))
+
+    n_outputs = 2
 
     def finalize(self, st):
         return st[0]
 
-    def grad_info(self, st):
-        return (st[0], st[1])
+    def outputs(self, st):
+        return st
+
+    def info(self, outputs):
+        return outputs
 
     def row_cotangent(self, v, mask, info, g):
         m, c = info
         hit = (v == m[:, None]) & _tile_mask(mask, v)
-        share = g / jnp.maximum(c, 1).astype(g.dtype)
+        share = g[0] / jnp.maximum(c, 1).astype(g[0].dtype)
         ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
 
@@ -329,9 +379,9 @@ class LogSumExp(Monoid):
         cm, cs = carry[0], carry[1]
         tm, ts = st[0], st[1]
         m = cm.at[seg].max(tm, mode="drop")
-        s = _rescale(cs, cm, m) + _scatter_add(m.shape[0], seg, _rescale(ts, tm, _take(m, seg)))
+        s = _add_at(_rescale_at(cs, seg, cm, m), seg, _rescale(ts, tm, _take(m, seg)))
         if self.mean:
-            return (m, s, carry[2] + _scatter_add(m.shape[0], seg, st[2]))
+            return (m, s, _add_at(carry[2], seg, st[2]))
         return (m, s)
 
     def finalize(self, st):
@@ -340,17 +390,26 @@ class LogSumExp(Monoid):
             out = out - jnp.log(_expand(st[2], out.ndim).astype(out.dtype))
         return out
 
-    def grad_info(self, st):
+    @property
+    def n_outputs(self):
+        return 2 if self.mean else 1
+
+    def outputs(self, st):
+        return (self.finalize(st), st[2]) if self.mean else (self.finalize(st),)
+
+    def info(self, outputs):
         # d out / d x = exp(x - logsumexp) in both cases (the log-count is a constant).
-        lse = _finite_or_zero(st[0]) + jnp.log(st[1])
-        return (lse,)
+        if self.mean:
+            out, count = outputs
+            return (out + jnp.log(_expand(count, out.ndim).astype(out.dtype)),)
+        return (outputs[0],)
 
     def row_cotangent(self, v, mask, info, g):
         (lse,) = info
         lse_t = lse[:, None]
         ok = _tile_mask(mask, v) & (lse_t > -np.inf)
         w = jnp.exp(jnp.where(ok, v - lse_t, jnp.asarray(-np.inf, v.dtype)))
-        return g[:, None] * w
+        return g[0][:, None] * w
 
 
 SUM = Sum()

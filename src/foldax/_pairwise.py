@@ -11,7 +11,6 @@ Blocks are read with a clamped start (``min(t * b, size - b)``) and an *own* mas
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 from collections.abc import Callable
@@ -21,11 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 from jax.sharding import PartitionSpec as P
 
-from . import _shard
-from ._fold import _merge, _nones, _split, _Static, _unwrap
+from . import _engine, _shard
 from ._monoid import (
     LOGSUMEXP,
     MAX,
@@ -40,10 +37,6 @@ from ._monoid import (
 
 if TYPE_CHECKING:
     from jaxtyping import Array
-
-#: Kernel evaluations per tile when ``block_size`` is not given.
-TILE_ELEMENTS = 1 << 14
-
 
 # ----------------------------------------------------------------------------------------------
 # Monoids that only pairwise reductions use (they need the column index or a pytree value).
@@ -100,6 +93,9 @@ class ArgExtremum(Monoid):
     def finalize(self, st):
         return st[1]
 
+    def tangent(self, v, dv, mask, info, index):
+        return (None,)  # an index has no derivative
+
 
 class KMin(Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
@@ -142,11 +138,19 @@ class KMin(Monoid):
     def combine(self, a, b):
         return self._best(jnp.concatenate([a[0], b[0]], 1), jnp.concatenate([a[1], b[1]], 1))
 
+    n_outputs = 2
+
     def finalize(self, st):
         return st
 
-    def grad_info(self, st):
-        return (st[1],)
+    def outputs(self, st):
+        return st
+
+    def result(self, outputs):
+        return tuple(outputs)
+
+    def info(self, outputs):
+        return (outputs[1],)
 
     def row_cotangent(self, v, mask, info, g, index):
         (idx,) = info
@@ -154,6 +158,11 @@ class KMin(Monoid):
         hit = index[None, None, :] == idx[:, :, None]  # (Bi, k, Bj)
         ct = jnp.sum(jnp.where(hit, g_vals[:, :, None], jnp.zeros((), g_vals.dtype)), axis=1)
         return jnp.where(mask, ct, jnp.zeros((), ct.dtype))
+
+    def tangent(self, v, dv, mask, info, index):
+        (idx,) = info
+        hit = (index[None, None, :] == idx[:, :, None]) & mask[:, None, :]  # (Bi, k, Bj)
+        return (jnp.sum(jnp.where(hit, dv[:, None, :], jnp.zeros((), dv.dtype)), axis=2), None)
 
 
 class SoftmaxSum(Monoid):
@@ -167,6 +176,12 @@ class SoftmaxSum(Monoid):
         #: values do not depend on the row of x: a tile's values are ``(bj, *Fv)``, not
         #: ``(bi, bj, *Fv)``, and the weighted sums are GEMMs (attention's ``P @ V``).
         object.__setattr__(self, "shared", shared)
+
+    def value_aval(self, tile_aval):
+        lg, val = tile_aval
+        sds = jax.ShapeDtypeStruct
+        # shared values are (bj, *Fv), one per row of y: not (bi, bj, *Fv)
+        return (sds(lg.shape[2:], lg.dtype), sds(val.shape[1 if self.shared else 2 :], val.dtype))
 
     def init_aval(self, num, aval):
         lg, val = aval
@@ -210,31 +225,62 @@ class SoftmaxSum(Monoid):
         acc = lax.psum(state[2] * _expand(f, state[2].ndim), axes)
         return (m, lax.psum(state[1] * f, axes), acc)
 
+    n_outputs = 2
+
     def finalize(self, st):
         return st[2] / _expand(st[1], st[2].ndim)
 
-    def grad_info(self, st):
-        lse = _finite_or_zero(st[0]) + jnp.log(st[1])
-        return (lse, self.finalize(st))
+    def outputs(self, st):
+        return (self.finalize(st), _finite_or_zero(st[0]) + jnp.log(st[1]))
+
+    def info(self, outputs):
+        out, lse = outputs
+        return (lse, out)
+
+    @staticmethod
+    def _weights(lg, mask, lse):
+        """``softmax`` weights ``(bi, bj)`` of a tile; exactly 0 where masked or empty."""
+        ok = mask & (lse[:, None] > -np.inf)
+        return jnp.exp(jnp.where(ok, lg - lse[:, None], jnp.asarray(-np.inf, lg.dtype))), ok
 
     def row_cotangent(self, v, mask, info, g):
         lg, val = v
         lse, out = info
-        ok = mask & (lse[:, None] > -np.inf)
-        p = jnp.exp(jnp.where(ok, lg - lse[:, None], jnp.asarray(-np.inf, lg.dtype)))
-        if self.shared:
+        g_out, g_lse = g
+        p, ok = self._weights(lg, mask, lse)
+        ct_lg = jnp.zeros_like(p)
+        ct_val = jnp.zeros_like(val)
+        if g_out is not None and self.shared:
             bi, bj = p.shape
-            g2, v2, o2 = g.reshape(bi, -1), val.reshape(bj, -1), out.reshape(bi, -1)
-            pv = p.astype(val.dtype)
-            ct_val = (pv.T @ g2).reshape(val.shape)
+            g2, v2, o2 = g_out.reshape(bi, -1), val.reshape(bj, -1), out.reshape(bi, -1)
+            ct_val = (p.astype(val.dtype).T @ g2).reshape(val.shape)
             dots = g2 @ v2.T - jnp.sum(g2 * o2, axis=-1)[:, None]
             ct_lg = jnp.where(ok, p * dots.astype(p.dtype), jnp.zeros((), p.dtype))
-            return (ct_lg, ct_val)
-        gv = g[:, None]  # (Bi, 1, *Fv)
-        ct_val = _expand(p, val.ndim) * gv
-        diff = jnp.where(_expand(ok, val.ndim), val - out[:, None], jnp.zeros((), val.dtype))
-        ct_lg = p * jnp.sum((gv * diff).reshape((*p.shape, -1)), axis=-1)
+        elif g_out is not None:
+            gv = g_out[:, None]  # (Bi, 1, *Fv)
+            ct_val = _expand(p, val.ndim) * gv
+            diff = jnp.where(_expand(ok, val.ndim), val - out[:, None], jnp.zeros((), val.dtype))
+            ct_lg = p * jnp.sum((gv * diff).reshape((*p.shape, -1)), axis=-1)
+        if g_lse is not None:
+            ct_lg = ct_lg + p * g_lse[:, None]
         return (ct_lg, ct_val)
+
+    def tangent(self, v, dv, mask, info):
+        lg, val = v
+        dlg, dval = dv
+        lse, out = info
+        p, _ = self._weights(lg, mask, lse)
+        pd = p * dlg
+        d_lse = jnp.sum(pd, axis=1)
+        if self.shared:
+            bj = p.shape[1]
+            flat = lambda a: a.reshape(bj, -1)  # noqa: E731
+            d = p.astype(val.dtype) @ flat(dval) + pd.astype(val.dtype) @ flat(val)
+            d_out = d.reshape(out.shape) - _expand(d_lse, out.ndim) * out
+        else:
+            d = jnp.einsum("ij,ij...->i...", p, dval) + jnp.einsum("ij,ij...->i...", pd, val)
+            d_out = d - _expand(d_lse, out.ndim) * out
+        return (d_out, d_lse)
 
 
 REDUCTIONS = ("sum", "logsumexp", "max", "min", "argmax", "argmin", "kmin", "softmax")
@@ -277,37 +323,6 @@ def _monoid_for(name, reduction, k, n):
 # The double loop
 
 
-@dataclasses.dataclass(frozen=True)
-class _Blocks:
-    size: int
-    block: int
-
-    @property
-    def steps(self) -> int:
-        return -(-self.size // self.block)
-
-    def at(self, t):
-        """Clamped start of block ``t`` and its own mask ``(block,)``."""
-        start = jnp.minimum(t * self.block, self.size - self.block)
-        own = start + jnp.arange(self.block, dtype=jnp.int32) >= t * self.block
-        return start, own
-
-    #: the axis of the rows in the arrays read: 0, or -1 for the transposed ``y``.
-    axis: int = 0
-
-    def read(self, tree, start):
-        return jax.tree.map(
-            lambda a: lax.dynamic_slice_in_dim(a, start, self.block, axis=self.axis % a.ndim), tree
-        )
-
-    def add(self, buf, start, vals, own):
-        ax = self.axis % vals.ndim
-        m = own.reshape((-1,) + (1,) * (vals.ndim - 1 - ax)) if ax == 0 else own
-        old = lax.dynamic_slice_in_dim(buf, start, self.block, axis=ax)
-        new = old + jnp.where(m, vals, jnp.zeros((), vals.dtype))
-        return lax.dynamic_update_slice_in_dim(buf, new, start, axis=ax)
-
-
 def _num_rows(name, argname, tree):
     leaves = jax.tree.leaves(tree)
     if not leaves:
@@ -326,9 +341,7 @@ def _num_rows(name, argname, tree):
 
 def _block_sizes(name, block_size, m, n):
     if block_size is None:
-        bj = min(n, 128)
-        bi = min(m, max(1, TILE_ELEMENTS // bj))
-        return bi, bj
+        return None
     bs = (block_size, block_size) if isinstance(block_size, int | np.integer) else block_size
     if isinstance(bs, tuple | list) and len(bs) != 2:
         raise ValueError(
@@ -347,246 +360,85 @@ def _block_sizes(name, block_size, m, n):
     return min(bi, m), min(bj, n)
 
 
-def pairwise(name, kernel, x, y, monoid, bi, bj, axes=(), ring=()):
-    """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, with a custom VJP.
+def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=()):
+    """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``: one engine fold.
 
-    On a mesh, ``axes`` are the mesh axes that split the rows of ``y`` (inside ``shard_map``):
-    ``y`` is this device's rows, ``x`` is the same on every device along ``axes``, and the
-    per-row states are all-reduced along them (indices count from this device's first row).
-
-    ``ring`` are mesh axes that split the rows of both ``x`` and ``y``: the blocks of ``y`` go
-    round the devices (``ppermute``), each device folding every block into the states of its
-    own rows of ``x``; backward, each block travels with its cotangent and comes home with it.
+    The rows of ``x`` are the fold's slots, the rows of ``y`` (walked transposed, see ``tile``)
+    its rows, the arrays ``kernel`` closes over its constants; ``block`` is ``(bi, bj)`` or
+    ``None`` (planned from the memory budget). On a mesh, ``axes`` are the mesh axes that split
+    the rows of ``y`` (inside ``shard_map``; ``x`` is the same on every device along them, the
+    states are all-reduced and indices are global), ``ring`` the axes that split both: the blocks
+    of ``y`` go round the devices (``ppermute``) and come home with their cotangents.
     """
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
-    # y is walked transposed (rows last, see ``tile``): one O(N) copy, made once per call.
-    rows_i, rows_j = _Blocks(m, bi), _Blocks(n, bj, axis=-1)
-    to_cols = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, 0, -1), t)  # noqa: E731
-    to_rows = lambda t: jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), t)  # noqa: E731
-
-    def first_j():
-        """Index of this device's first row of y (called where used: a tracer must not leak
-        into the custom VJP's rules)."""
-        return _shard.device_index(axes) * n if axes else 0
-
-    def around(body, carry, travel):
-        """``carry = body(carry, travel, first)`` for every device's block ``travel`` along
-        ``ring`` (``first``: the block's first row of y), passing the blocks round with
-        ``ppermute``; after a full turn each block (and what ``body`` added to it) is home."""
-        count, me = _shard.device_count(ring), _shard.device_index(ring)
-        perm = [(i, (i + 1) % count) for i in range(count)]
-        axis = ring if len(ring) > 1 else ring[0]
-
-        def step(c, r):
-            carry, travel = body(*c, ((me - r) % count) * n)
-            travel = jax.tree.map(lambda a: lax.ppermute(a, axis, perm), travel)
-            return (carry, travel), None
-
-        (carry, travel), _ = lax.scan(step, (carry, travel), jnp.arange(count))
-        return carry, travel
-
     if axes and _shard.types_checked(axes):
-        # x meets rows of y that differ per device: make it varying here, outside the custom
-        # VJP, so that its cotangent is accumulated locally and summed once (the cast's
-        # transpose) instead of once per tile.
+        # x meets rows of y that differ per device: make it varying here, outside the fold, so
+        # that its cotangent is accumulated locally and summed once (the cast's transpose).
         x = _shard.to_varying(x, axes)
     xi = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), x)
     yj = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), y)
-    conv, hoisted = jax.closure_convert(kernel, xi, yj)
-    consts = tuple(hoisted)
-    aval = jax.eval_shape(conv, xi, yj, *consts)
-    needs_index = getattr(monoid, "needs_index", False)
+    replay, consts = _shard.replayable(kernel, xi, yj)
+    tile, monoid = _tile_fn(lambda a, b, *c: replay(c)(a, b), tuple(consts), xi, yj, monoid)
+    x_leaves, x_tree = jax.tree.flatten(x)
+    y_leaves, y_tree = jax.tree.flatten(y)
 
+    def body(consts, slots, rows, mask, index):
+        xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
+        return tile(consts, xb, yb), (), ()
+
+    plan = _engine.PlanSpec("dense", n, m, None, block)
+    spec = _engine.Spec(
+        plan, body, monoid, _engine.current_budget(), axes=axes, ring=ring, name=name
+    )
+    # y is walked transposed (rows last): one O(N) copy, made once per call.
+    cols = [jnp.moveaxis(a, 0, -1) for a in y_leaves]
+    outs, _, _ = _engine.fold(spec, (), tuple(consts), x_leaves, cols)
+    return monoid.result(outs)
+
+
+def _tile_fn(conv, consts, xi, yj, monoid):
+    """``(tile, monoid)``: ``tile(consts, xb, yb)`` the kernel values ``(bi, bj, *F)`` of a block
+    of ``x`` (rows first) and one of ``y`` (rows last).
+
+    ``y`` holds its rows along the *last* axis (``(*f, bj)``), so the kernel's feature axes (e.g.
+    ``D`` of a distance) are outer and ``j`` is the innermost, contiguous axis of every
+    intermediate: XLA vectorises along ``j`` instead of along a short ``D`` (10x faster for a 3-D
+    Gaussian kernel on CPU). Kernels with a dot product (attention) use the classic double
+    ``vmap``, which JAX batches into one GEMM per tile; for ``reduction="softmax"``, values
+    independent of ``x`` (attention's ``V``) stay ``(bj, *Fv)`` so that ``P @ V`` is a GEMM
+    (the monoid is switched to its shared form).
+    """
     contracts = _has_dot(jax.make_jaxpr(conv)(xi, yj, *consts).jaxpr)
     shared = False
     if isinstance(monoid, SoftmaxSum) and contracts:
-        # Values independent of x (attention's V): keep them (bj, *Fv) so that P @ V is a GEMM.
+
         def shared_tile(c, xb, yb):
             pair = lambda a, b: conv(a, b, *c)  # noqa: E731
             return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=(0, None))(xb, yb)
 
         blk = lambda t, b: jax.tree.map(lambda a: jax.ShapeDtypeStruct((b, *a.shape), a.dtype), t)  # noqa: E731
         try:
-            jax.eval_shape(shared_tile, consts, blk(xi, bi), blk(yj, bj))
-            shared = True
-            monoid = SoftmaxSum(shared=True)
+            jax.eval_shape(shared_tile, consts, blk(xi, 2), blk(yj, 3))
+            shared, monoid = True, SoftmaxSum(shared=True)
         except ValueError:
             pass
 
     def tile(c, xb, yb):
-        """Kernel values ``(bi, bj, *F)`` of a tile.
-
-        ``yb`` holds the rows of ``y`` along its *last* axis (``(*f, bj)``), so the kernel's
-        feature axes (e.g. ``D`` of a distance) are outer and ``j`` is the innermost, contiguous
-        axis of every intermediate: XLA vectorises along ``j`` instead of along a short ``D``
-        (10x faster for a 3-D Gaussian kernel on CPU). The transpose must happen outside the
-        loop, or XLA folds it back into the broadcast.
-        """
         pair = lambda a, b: conv(a, b, *c)  # noqa: E731
+        bi = jax.tree.leaves(xb)[0].shape[0]
+        bj = jax.tree.leaves(yb)[0].shape[-1]
         if contracts:
-            # A kernel with a dot product (attention): with y unbatched in the inner vmap and x
-            # unbatched in the outer one, JAX batches the dot into one (bi, f) @ (f, bj) GEMM.
             yr = jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), yb)
             out_axes = (0, None) if shared else 0
             return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=out_axes)(xb, yr)
-        # Both operands are broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
+        # Both operands broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
         # axis for both: JAX's batching rules keep batch axes where they are when all operands
-        # agree, so every intermediate is (bi, *f, bj), reductions over f are cheap and the
-        # innermost axis is j.
+        # agree, so every intermediate is (bi, *f, bj) and the innermost axis is j.
         xs = jax.tree.map(lambda a: jnp.broadcast_to(a[..., None], (*a.shape, bj)), xb)
         ys = jax.tree.map(lambda a: jnp.broadcast_to(a[None], (bi, *a.shape)), yb)
         return jax.vmap(jax.vmap(pair, (-1, -1)), (0, 0))(xs, ys)
 
-    def init(num):
-        return monoid.init_aval(num, aval)
-
-    def forward(consts, x, y):
-        yc = to_cols(y)
-        if not ring:
-            state = forward_cols(consts, x, yc, first_j())
-        else:
-
-            def fold_block(state, yb, first):
-                return monoid.combine(state, forward_cols(consts, x, yb, first)), yb
-
-            state, _ = around(fold_block, init(m), yc)
-        return monoid.allreduce(state, axes) if axes else state
-
-    def forward_cols(consts, x, y, first):
-        """States of every row of ``x`` over the rows of ``y`` (given transposed)."""
-
-        def outer(state_all, ti):
-            si, _ = rows_i.at(ti)
-            xb = rows_i.read(x, si)
-
-            def inner(st, tj):
-                sj, own_j = rows_j.at(tj)
-                v = tile(consts, xb, rows_j.read(y, sj))
-                mask = jnp.broadcast_to(own_j[None, :], (bi, bj))
-                extra = (first + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
-                st = monoid.combine(st, monoid.reduce(v, mask, *extra))
-                return _shard.to_varying(st, axes), None
-
-            st0 = _shard.to_varying(init(bi), axes)
-            st, _ = lax.scan(inner, st0, jnp.arange(rows_j.steps, dtype=jnp.int32))
-            state_all = jax.tree.map(
-                lambda a, b: lax.dynamic_update_slice_in_dim(a, b, si, axis=0), state_all, st
-            )
-            return state_all, None
-
-        steps_i = jnp.arange(rows_i.steps, dtype=jnp.int32)
-        state, _ = lax.scan(outer, _shard.to_varying(init(m), axes), steps_i)
-        return state
-
-    if isinstance(monoid, ArgExtremum):
-        # Integer output: nothing to differentiate.
-        stop = lambda t: jax.tree.map(lax.stop_gradient, t)  # noqa: E731
-        return monoid.finalize(forward(stop(consts), stop(x), stop(y)))
-
-    @jax.custom_vjp
-    def run(consts, x, y):
-        return monoid.finalize(forward(consts, x, y))
-
-    def run_fwd(consts, x, y):
-        consts, fc = _unwrap(consts)
-        x, fx = _unwrap(x)
-        y, fy = _unwrap(y)
-        state = forward(consts, x, y)
-        res = (consts, x, y, monoid.grad_info(state), _Static((tuple(fc), tuple(fx), tuple(fy))))
-        return monoid.finalize(state), res
-
-    def run_bwd(res, g):
-        consts, x, y, info, flags = res
-        fc, fx, fy = flags.value
-        is_zero = lambda t: isinstance(t, SymbolicZero)  # noqa: E731
-        g_leaves = jax.tree.leaves(g, is_leaf=is_zero)
-        if not (any(fc) or any(fx) or any(fy)) or all(map(is_zero, g_leaves)):
-            return (_nones(consts), _nones(x), _nones(y))
-
-        def dense(t):
-            if not is_zero(t):
-                return jnp.asarray(t)
-            if jnp.issubdtype(t.aval.dtype, jnp.inexact):
-                return jnp.zeros(t.aval.shape, t.aval.dtype)
-            return jnp.zeros(t.aval.shape, jnp.int32)  # an integer output's: never read
-
-        g = _shard.replicated_cotangent(jax.tree.map(dense, g, is_leaf=is_zero), axes)
-        y_cols = to_cols(y)
-        dc, rc, tc = _split(consts, fc)
-        dx, _rx, tx = _split(x, fx)
-        dy, _ry, ty = _split(y_cols, fy)
-        keep = lambda d: [a for a in d if a is not None]  # noqa: E731
-
-        def fill(vals, diff, rest, treedef):
-            it = iter(vals)
-            return _merge([next(it) if d is not None else None for d in diff], rest, treedef)
-
-        def outer(carry, ti, y, first):
-            acc_c, ct_x, ct_y = carry
-            si, own_i = rows_i.at(ti)
-            xb = rows_i.read(x, si)
-            xb_d, xb_r, _ = _split(xb, fx)
-            info_b = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, si, bi), info)
-            g_b = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, si, bi), g)
-
-            def inner(carry2, tj):
-                acc_c, ct_xb, ct_y = carry2
-                sj, own_j = rows_j.at(tj)
-                yb = rows_j.read(y, sj)
-                yb_d, yb_r, _ = _split(yb, fy)
-
-                def f(cs, xs, ys):
-                    return tile(
-                        fill(cs, dc, rc, tc), fill(xs, xb_d, xb_r, tx), fill(ys, yb_d, yb_r, ty)
-                    )
-
-                v, pull = jax.vjp(f, keep(dc), keep(xb_d), keep(yb_d))
-                mask = own_i[:, None] & own_j[None, :]
-                extra = (first + sj + jnp.arange(bj, dtype=jnp.int32),) if needs_index else ()
-                # typed like v (varying on a mesh) whatever the monoid's formula keeps
-                ct_v = _shard.to_varying(monoid.row_cotangent(v, mask, info_b, g_b, *extra), axes)
-                gc, gx, gy = pull(ct_v)
-                acc_c = [a + b for a, b in zip(acc_c, gc, strict=True)]
-                ct_xb = [a + b for a, b in zip(ct_xb, gx, strict=True)]
-                ct_y = [rows_j.add(a, sj, b, own_j) for a, b in zip(ct_y, gy, strict=True)]
-                return (acc_c, *_shard.to_varying((ct_xb, ct_y), axes)), None
-
-            ct_xb0 = [jnp.zeros((bi, *a.shape[1:]), a.dtype) for a in keep(dx)]
-            init2 = (acc_c, *_shard.to_varying((ct_xb0, ct_y), axes))
-            (acc_c, ct_xb, ct_y), _ = lax.scan(
-                inner, init2, jnp.arange(rows_j.steps, dtype=jnp.int32)
-            )
-            ct_x = [rows_i.add(a, si, b, own_i) for a, b in zip(ct_x, ct_xb, strict=True)]
-            return (acc_c, *_shard.to_varying((ct_x, ct_y), axes)), None
-
-        # The consts' cotangents have their type (see foldax._shard); x's and y's are varying.
-        zeros = lambda d: [jnp.zeros_like(a) for a in keep(d)]  # noqa: E731
-        steps_i = jnp.arange(rows_i.steps, dtype=jnp.int32)
-
-        def backward_cols(acc_c, ct_x, ct_y, y, first):
-            init = (acc_c, *_shard.to_varying((ct_x, ct_y), axes))
-            body = lambda c, ti: outer(c, ti, y, first)  # noqa: E731
-            return lax.scan(body, init, steps_i)[0]
-
-        if not ring:
-            acc_c, ct_x, ct_y = backward_cols(zeros(dc), zeros(dx), zeros(dy), y_cols, first_j())
-        else:
-
-            def block(carry, travel, first):
-                yb, ct_yb = travel
-                acc_c, ct_x, ct_yb = backward_cols(*carry, ct_yb, yb, first)
-                return (acc_c, ct_x), (yb, ct_yb)
-
-            (acc_c, ct_x), (_, ct_y) = around(block, (zeros(dc), zeros(dx)), (y_cols, zeros(dy)))
-
-        def out(vals, diff, treedef):
-            it = iter(vals)
-            return jax.tree.unflatten(treedef, [next(it) if d is not None else None for d in diff])
-
-        return (out(acc_c, dc, tc), out(ct_x, dx, tx), to_rows(out(ct_y, dy, ty)))
-
-    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
-    return run(consts, x, y)
+    return tile, monoid
 
 
 def _row_avals(tree):
@@ -706,7 +558,7 @@ def pairwise_reduce(
 def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=()):
     """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes`` (its
     states all-reduced) or over ``ring`` (axes that split ``x`` too: its blocks go round)."""
-    bi, bj = _block_sizes(name, block_size, m, n)
+    block = _block_sizes(name, block_size, m, n)
     if m == 0 or n == 0:
         return _empty(monoid, kernel, x, y, m)
     if axes and _shard.types_checked(axes):
@@ -717,7 +569,7 @@ def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=()):
                 f"rows of y (the reduced axis) and every device must hold the same rows of x; "
                 f"replicate x along it (in_specs P() for x), or split x over another mesh axis."
             )
-    return pairwise(name, kernel, x, y, monoid, bi, bj, axes, ring)
+    return pairwise(name, kernel, x, y, monoid, block, axes, ring)
 
 
 def _mesh_split(name, x, y, m, n):
@@ -782,4 +634,4 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
 def _empty(monoid, kernel, x, y, m):
     xi, yj = _row_avals(x), _row_avals(y)
     aval = jax.eval_shape(kernel, xi, yj)
-    return monoid.finalize(monoid.init_aval(m, aval))
+    return monoid.result(monoid.outputs(monoid.init_aval(m, aval)))

@@ -17,16 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from . import _fold, _shard
+from . import _engine, _fold, _shard
 from ._monoid import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
 
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike, Int
-
-#: Rows per step when ``chunk_size`` is not given is chosen so that one step's rows and values
-#: take about this many bytes (see :func:`_default_chunk`).
-CHUNK_BYTES = 1 << 20
-MIN_CHUNK, MAX_CHUNK = 256, 1 << 18
 
 
 def _is_tracer(x) -> bool:
@@ -66,33 +61,17 @@ def _num_rows(name, data) -> int:
     return n
 
 
-def _chunk(name, chunk_size, data, aval, fn) -> int:
-    if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer):
-            raise TypeError(
-                f"{name}: chunk_size must be a Python int (static), got {type(chunk_size).__name__}."
-            )
-        if chunk_size <= 0:
-            raise ValueError(f"{name}: chunk_size must be positive, got {chunk_size}.")
-        return int(chunk_size)
-    return _default_chunk(data, aval, fn)
-
-
-def _default_chunk(data, aval, fn) -> int:
-    """Rows per step so that a step's rows plus values take about :data:`CHUNK_BYTES`.
-
-    With ``fn``, its intermediates and an outer ``vmap``'s batch are invisible here, so each value
-    is budgeted four times over (the seed workload, 5 float32 features: 16384 rows per step).
-    """
-    in_bytes = sum(
-        int(np.prod(jnp.shape(x)[1:], dtype=np.int64)) * jnp.result_type(x).itemsize
-        for x in jax.tree.leaves(data)
-    )
-    out_bytes = int(np.prod(aval.shape[1:], dtype=np.int64)) * aval.dtype.itemsize
-    row_bytes = in_bytes if fn is None else 2 * in_bytes + 4 * out_bytes
-    rows = max(1, CHUNK_BYTES // max(row_bytes, 1))
-    rows = 1 << int(np.log2(rows))
-    return int(min(max(rows, MIN_CHUNK), MAX_CHUNK))
+def _chunk(name, chunk_size):
+    """An explicit ``chunk_size`` (validated), or ``None``: the engine plans from the budget."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer):
+        raise TypeError(
+            f"{name}: chunk_size must be a Python int (static), got {type(chunk_size).__name__}."
+        )
+    if chunk_size <= 0:
+        raise ValueError(f"{name}: chunk_size must be positive, got {chunk_size}.")
+    return int(chunk_size)
 
 
 def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_ids=None):
@@ -231,42 +210,32 @@ class _Contiguous:
         """The traced arrays (replicated on a mesh); static ones stay Python constants."""
         return () if self.static else (self.sizes, self.offsets)
 
-    def _tiling(self, n, chunk, devices):
-        """``(tile, num_tiles, shares)`` common to the ``devices`` shares of ``n`` rows each:
-        ``shares`` is ``(lo, sizes, ends)``, each ``(devices, S)``, for static segments."""
-        if devices == 1 or not self.static:
-            return None, None, None
-        # Static segments: every device's share is known, so is the best common tile.
+    def _shares(self, n, devices):
+        """Each device's share of static segments: ``(lo, sizes)``, each ``(devices, S)``."""
         d = np.arange(devices)[:, None] * n
         lo = np.clip(self.offsets[None] - d, 0, n)
-        sizes = np.clip(self.offsets[None] + self.sizes[None] - d, 0, n) - lo
-        tile = min(_fold.choose_tile(n, sh, self.num_segments, chunk) for sh in sizes)
-        ends = np.cumsum(-(-sizes // tile), axis=1)
-        return tile, int(ends[:, -1].max()), (lo, sizes, ends)
-
-    def step_rows(self, n, chunk, devices):
-        """Rows per step of the plan over ``n`` rows (static; the same on every device)."""
-        tile, num_tiles, _ = self._tiling(n, chunk, devices)
-        static = self.sizes if self.static and devices == 1 else None
-        tile, group, _ = _fold.tile_layout(n, static, self.num_segments, chunk, tile, num_tiles)
-        return tile * group
+        return lo, np.clip(self.offsets[None] + self.sizes[None] - d, 0, n) - lo
 
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
-        """The plan over this device's ``n`` rows (all rows when ``axes`` is empty)."""
+        """``(PlanSpec, arrays)`` over this device's ``n`` rows (all rows without ``axes``)."""
         sizes, offsets = arrays or (self.sizes, self.offsets)
+        if self.static:
+            lo, sz = self._shares(n, devices)
+            spec = _engine.PlanSpec(
+                "tiles", n, self.num_segments, _engine.static_tilings(n, sz), chunk
+            )
+            if not axes:
+                return spec, (jnp.asarray(sizes, jnp.int32), jnp.asarray(offsets, jnp.int32))
+            me = _shard.device_index(axes)  # this device's row of constant (devices, S) tables
+            return spec, (jnp.asarray(sz, jnp.int32)[me], jnp.asarray(lo, jnp.int32)[me])
+        spec = _engine.PlanSpec("tiles", n, self.num_segments, None, chunk)
         if not axes:
-            return _fold.make_tile_plan(n, sizes, offsets, self.num_segments, chunk)
-        tile, num_tiles, shares = self._tiling(n, chunk, devices)
-        me = _shard.device_index(axes)
-        if shares is not None:
-            # This device's rows of constant (devices, S) tables.
-            lo, sz, ends = (jnp.asarray(t, jnp.int32)[me] for t in shares)
-            return _fold.make_tile_plan(n, sz, lo, self.num_segments, chunk, tile, num_tiles, ends)
+            return spec, (jnp.asarray(sizes, jnp.int32), jnp.asarray(offsets, jnp.int32))
         # Rows [start, start + n) are this device's: clip every segment to them.
-        start = me * n
+        start = _shard.device_index(axes) * n
         lo = jnp.clip(jnp.asarray(offsets, jnp.int32) - start, 0, n)
         hi = jnp.clip(jnp.asarray(offsets + sizes, jnp.int32) - start, 0, n)
-        return _fold.make_tile_plan(n, hi - lo, lo, self.num_segments, chunk)
+        return spec, (hi - lo, lo)
 
 
 class _Ids:
@@ -278,23 +247,17 @@ class _Ids:
     def arrays(self):
         return (self.ids,)
 
-    def step_rows(self, n, chunk, devices):
-        if self.sorted:
-            tile, group, _ = _fold.tile_layout(n, None, self.num_segments, chunk)
-            return tile * group
-        return _fold.row_chunk(n, chunk)
-
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
-        """The plan over this device's ``n`` rows (``arrays``: its slice of the ids)."""
+        """``(PlanSpec, arrays)`` over this device's ``n`` rows (``arrays``: its ids)."""
         (ids,) = arrays or (self.ids,)
         if self.sorted:
             # Traced but sorted (the caller says so): contiguous segments from the ids.
             b = jnp.searchsorted(
                 ids, jnp.arange(self.num_segments + 1, dtype=ids.dtype), side="left"
-            )
-            b = b.astype(jnp.int32)
-            return _fold.make_tile_plan(n, jnp.diff(b), b[:-1], self.num_segments, chunk)
-        return _fold.make_row_plan(n, ids, self.num_segments, chunk)
+            ).astype(jnp.int32)
+            spec = _engine.PlanSpec("tiles", n, self.num_segments, None, chunk)
+            return spec, (jnp.diff(b), b[:-1])
+        return _engine.PlanSpec("rows", n, self.num_segments, None, chunk), (ids,)
 
 
 def _value_aval(name, data, fn, n):
@@ -363,37 +326,37 @@ def _segment(
     part = _partition(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows
     )
-    chunk = _chunk(name, chunk_size, data, aval, fn)
+    chunk = _chunk(name, chunk_size)
 
     if isinstance(part, _Empty):
         if normal:
             return jnp.full(aval.shape, np.nan, aval.dtype)
         state = monoid.init(part.num_segments, aval.shape[1:], aval.dtype)
-        return _fold._as_values_dtype(monoid.finalize(state), aval.dtype)
+        out = monoid.finalize(state)
+        return out.astype(aval.dtype) if jnp.issubdtype(out.dtype, jnp.floating) else out
 
     n_local = n_global // devices
 
     def local(data, arrays, fn):
-        plan = part.plan(n_local, chunk, arrays, axes, devices)
+        plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
         if normal:
-            return _fold.normalize(fn, data, plan, op == "log_softmax", axes)
-        return _fold.fold(monoid, fn, data, plan, axes)
+            return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
+        return _fold.fold(name, monoid, fn, data, plan, arrays, axes)
 
     if mesh is None:
         return local(data, part.arrays(), fn)
-    rows = part.step_rows(n_local, chunk, devices)
-    return _on_mesh(mesh, axes, local, data, part, fn, rows, normal)
+    return _on_mesh(mesh, axes, local, data, part, fn, normal)
 
 
 def _is_numpy(x) -> bool:
     return isinstance(x, np.ndarray | list | tuple)
 
 
-def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
+def _on_mesh(mesh, axes, local, data, part, fn, per_row):
     """Run ``local`` under ``shard_map``: rows (``data``, ids) split over ``axes``; traced
     ``sizes`` / ``offsets`` and the arrays ``fn`` closes over are replicated.
 
-    ``fn`` is traced here for a step of ``rows`` rows and replayed inside, with the arrays it
+    ``fn`` is traced here for one row and replayed inside (``vmap`` ped), with the arrays it
     closes over passed in explicitly (``shard_map`` cannot close over arrays on Explicit axes).
     The ``shard_map`` leaves varying-axes typing off (``check_vma=False``): a replayed trace has
     untyped constants; the fold's custom VJP follows the matching cotangent convention.
@@ -402,7 +365,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
     arrays = part.arrays()
     # The ids are split like the rows; traced sizes / offsets are replicated.
     arr_specs = tuple(split if isinstance(part, _Ids) else P() for _ in arrays)
-    replay, consts = _replayable(fn, data, rows)
+    replay, consts = _replayable(fn, data)
 
     def body(data, arrays, consts):
         return local(data, arrays, replay(consts))
@@ -423,15 +386,22 @@ def _on_mesh(mesh, axes, local, data, part, fn, rows, per_row):
     return run(data, arrays, consts)
 
 
-def _replayable(fn, data, rows):
-    """``(replay, consts)``: ``replay(consts)`` is ``fn`` for chunks of ``rows`` rows, with every
-    array ``fn`` closes over (``consts``) passed in explicitly."""
+def _replayable(fn, data):
+    """``(replay, consts)``: ``replay(consts)`` is ``fn`` (row-wise, traced for one row and
+    ``vmap`` ped over the rows it is given), with every array ``fn`` closes over (``consts``)
+    passed in explicitly."""
     if fn is None:
         return (lambda consts: None), []
     example = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct((rows, *jnp.shape(a)[1:]), jnp.result_type(a)), data
+        lambda a: jax.ShapeDtypeStruct((1, *jnp.shape(a)[1:]), jnp.result_type(a)), data
     )
-    return _shard.replayable(fn, example)
+    replay, consts = _shard.replayable(fn, example)
+
+    def rowwise(consts):
+        one = replay(consts)
+        return lambda rows: jax.vmap(lambda r: one(jax.tree.map(lambda a: a[None], r))[0])(rows)
+
+    return rowwise, consts
 
 
 _PARTITION_DOC = """
@@ -450,8 +420,9 @@ _PARTITION_DOC = """
       fn: optional callable mapping a chunk of rows (same pytree as ``data``, leading axis ``C``)
         to values ``(C, ...)``; it must act row-wise. It may close over arrays (e.g. model
         parameters); gradients flow to them. ``fn(data)`` is never materialized whole.
-      chunk_size: static int, rows per step of the streamed loop (default: about 1 MiB of rows
-        and values per step).
+      chunk_size: static int, rows per step of the streamed loop, per element of an enclosing
+        ``vmap`` (default: chosen when the computation is compiled, from the memory budget and
+        the batch of every enclosing ``vmap``; see :func:`foldax.memory_budget`).
       indices_are_sorted: whether traced ``segment_ids`` are sorted (enables the contiguous path).
       axis_name: inside ``jax.shard_map`` only: the mesh axis name (or tuple) over which the rows
         are split. ``data`` / ``segment_ids`` are then this device's rows (in device order),

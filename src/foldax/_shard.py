@@ -36,18 +36,23 @@ from jax.sharding import PartitionSpec as P
 
 
 def varying(x) -> frozenset:
-    """The manual mesh axes along which ``x`` differs between devices (its type's ``vma``)."""
-    t = jax.typeof(x)
+    """The manual mesh axes along which ``x`` (an array or an aval) differs between devices
+    (its type's ``vma``)."""
+    t = x if hasattr(x, "to_tangent_aval") else jax.typeof(x)
     mat = getattr(t, "manual_axis_type", None)
     if mat is not None:
         return frozenset(mat.varying)
     return frozenset(getattr(t, "vma", ()))
 
 
-def to_varying(tree, axes):
-    """Mark every leaf of ``tree`` as varying along ``axes`` (for loop carries that become so)."""
-    if not axes:
+def to_varying(tree, axes, skip=()):
+    """Mark every leaf of ``tree`` as varying along ``axes`` (for loop carries that become so);
+    a no-op where the enclosing ``shard_map`` does not track varying axes. ``skip``: indices of
+    top-level entries of a tuple ``tree`` left as they are."""
+    if not axes or not types_checked(axes):
         return tree
+    if skip:
+        return tuple(t if i in skip else to_varying(t, axes) for i, t in enumerate(tree))
 
     def one(a):
         missing = tuple(ax for ax in axes if ax not in varying(a))
@@ -58,6 +63,17 @@ def to_varying(tree, axes):
         return lax.pvary(a, missing)  # pragma: no cover - older JAX
 
     return jax.tree.map(one, tree)
+
+
+def like(tree, ref):
+    """Every leaf of ``tree`` cast to vary along the axes its twin in ``ref`` varies on (a
+    cotangent or tangent must be typed like its primal)."""
+
+    def one(a, r):
+        missing = tuple(varying(r) - varying(a))
+        return to_varying(a, missing) if missing else a
+
+    return jax.tree.map(one, tree, ref)
 
 
 def example(a, shape, axes):
@@ -85,7 +101,7 @@ def reduce_cotangent(ct, primal, axes):
     """
     if ct is None or not axes or not types_checked(axes):
         return ct
-    over = tuple(ax for ax in axes if ax not in varying(primal))
+    over = tuple(ax for ax in axes if ax in varying(ct) and ax not in varying(primal))
     return lax.psum(ct, over) if over else ct
 
 
@@ -230,6 +246,7 @@ __all__ = [
     "axis_tuple",
     "device_count",
     "device_index",
+    "like",
     "manual_axes",
     "on_explicit_mesh",
     "place",

@@ -16,9 +16,6 @@ from ._pairwise import _block_sizes, _monoid_for, pairwise
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike
 
-#: Kernel evaluations per tile, summed over the batch, when ``block_size`` is not given.
-BATCH_TILE_ELEMENTS = 1 << 18
-
 
 @jax.custom_jvp
 def _cauchy_term(v, z, w):
@@ -35,27 +32,19 @@ def _cauchy_term_jvp(primals, tangents):
     return k, dv * r + k * r * (dw - dz)
 
 
-def _blocks(name, block_size, batch, m, n):
-    if block_size is not None:
-        return _block_sizes(name, block_size, m, n)
-    per = max(64, BATCH_TILE_ELEMENTS // max(batch, 1))
-    bj = min(n, 64)
-    return min(m, max(1, per // bj)), bj
-
-
 def _batched(name, kernel, rows, cols, batch, block_size, axes=()):
     """``vmap`` over the flattened batch of ``pairwise(kernel, rows[b], cols[b])``; on a mesh,
     ``cols`` (the poles) are this device's share, split over ``axes``."""
     b = math.prod(batch)
     m = jax.tree.leaves(rows)[0].shape[-1]
     n = jax.tree.leaves(cols)[0].shape[-1]
-    bi, bj = _blocks(name, block_size, b, m, n)
+    block = _block_sizes(name, block_size, m, n)
 
     def flat(t):
         return jax.tree.map(lambda a: jnp.broadcast_to(a, (*batch, a.shape[-1])).reshape(b, -1), t)
 
     monoid = _monoid_for(name, "sum", None, n)
-    one = lambda r, c: pairwise(name, kernel, r, c, monoid, bi, bj, axes)  # noqa: E731
+    one = lambda r, c: pairwise(name, kernel, r, c, monoid, block, axes)  # noqa: E731
     out = jax.vmap(one)(flat(rows), flat(cols))
     return out.reshape((*batch, m))
 

@@ -1,0 +1,105 @@
+"""The memory budget: how many bytes one streamed step may keep live, over the whole batch.
+
+A step of the fold holds one chunk of rows (or one tile of pairs) and everything the user's
+``fn`` / ``kernel`` computes from it, for every element of every enclosing ``vmap``. The planner
+(:mod:`foldax._engine._plan`) sizes steps so that this working set stays within
+
+* the budget: :data:`DEFAULT_BUDGET` unless a :func:`memory_budget` context says otherwise; it
+  bounds the scratch memory whatever the outer batch is;
+* a per-backend step size: on CPU a step larger than the caches only costs memory, so steps stop
+  growing at :data:`CPU_STEP_BYTES`; on GPU the budget itself is the step size (fewer, larger
+  steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+
+#: The default budget for one step's working set, all batch elements together.
+DEFAULT_BUDGET = 16 * 2**20
+#: Steps on CPU stop growing at this size (cache-friendly), whatever the budget.
+CPU_STEP_BYTES = 2**20
+
+_local = threading.local()
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+def parse_bytes(value, name="foldax.memory_budget") -> int:
+    """An int, or a string like ``"64MB"`` / ``"1.5 GiB"``, as a positive number of bytes."""
+    if isinstance(value, bool):
+        raise TypeError(
+            f"{name}: give a number of bytes (int) or a string like '64MB', got {value!r}."
+        )
+    if isinstance(value, int):
+        nbytes = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        unit = m and m.group(2).lower()
+        if not m or unit not in _UNITS:
+            raise ValueError(
+                f"{name}: cannot read {value!r} as a size; write e.g. 8000000, '64MB', '512KiB' "
+                f"or '1GB' (units: B, KB, MB, GB, KiB, MiB, GiB)."
+            )
+        nbytes = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        raise TypeError(
+            f"{name}: give a number of bytes (int) or a string like '64MB', got {type(value).__name__}."
+        )
+    if nbytes <= 0:
+        raise ValueError(f"{name}: the budget must be positive, got {value!r}.")
+    return nbytes
+
+
+@contextlib.contextmanager
+def memory_budget(nbytes):
+    """Bound the scratch memory of every foldax reduction traced inside this context.
+
+    The budget counts one streamed step's working set over the whole batch: the rows (or tile of
+    pairs) of a step, what ``fn`` / ``kernel`` computes from them, for every element of every
+    enclosing ``jax.vmap`` (including a framework's, e.g. Flax's ``nn.vmap`` or numpyro's
+    plates), forward, backward and forward-mode alike. Steps shrink as the batch grows so that
+    the total stays near the budget. Explicit ``chunk_size`` / ``block_size`` arguments win.
+
+    The budget is read when a reduction is *traced*: put the context around the call that traces
+    (``jax.jit(f)(x)``, ``jax.grad(f)(x)``, a model's ``apply``), also when the call happens
+    inside another library.
+
+    Args:
+      nbytes: a positive int, or a string such as ``"64MB"``, ``"512KiB"``, ``"1GB"``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, foldax
+      >>> x = jnp.ones((10_000, 5))
+      >>> f = lambda t: foldax.segment_logsumexp(x, sizes=[4000, 6000], fn=lambda r: r @ t)
+      >>> with foldax.memory_budget("4MB"):
+      ...     out = jax.vmap(f)(jnp.ones((100, 5)))
+      >>> out.shape
+      (100, 2)
+    """
+    value = parse_bytes(nbytes)
+    previous = getattr(_local, "budget", None)
+    _local.budget = value
+    try:
+        yield value
+    finally:
+        _local.budget = previous
+
+
+def current_budget() -> int:
+    """The budget in force: the innermost :func:`memory_budget`, else :data:`DEFAULT_BUDGET`."""
+    budget = getattr(_local, "budget", None)
+    return DEFAULT_BUDGET if budget is None else budget
+
+
+__all__ = ["CPU_STEP_BYTES", "DEFAULT_BUDGET", "current_budget", "memory_budget", "parse_bytes"]

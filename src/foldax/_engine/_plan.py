@@ -1,0 +1,277 @@
+"""Plans: how a streamed fold walks its reduced axis, step by step.
+
+A fold reduces *rows* (the reduced axis, length ``n``) into *slots* (the outputs: segments, or the
+rows of ``x`` of a pairwise reduction). Each step sees a tile grid ``(G, T)``: ``G`` slots by ``T``
+rows, a mask saying which cells count, and the rows it reads. Three kinds:
+
+* ``"tiles"`` -- contiguous segments (:class:`TilePlan`). Each segment is cut into tiles of ``T``
+  rows that belong to it alone; a step gathers ``G`` tiles. A tile reduces densely and only the
+  ``G`` tile states are scattered into the slots: no per-row scatter.
+* ``"rows"`` -- arbitrary ``segment_ids`` (:class:`RowPlan`): ``C`` consecutive rows as ``C``
+  one-row tiles, scattered by id (what ``jax.ops.segment_*`` does, chunked).
+* ``"dense"`` -- every row meets every slot (:class:`BlockPlan`): blocks of ``bi`` slots by
+  ``bj`` rows, walked ``j``-fastest.
+
+Reads use a clamped start (``min(start, n - width)``) and a mask, so nothing is padded or copied.
+The static :class:`PlanSpec` is fixed when a reduction is called; the step sizes are chosen when
+the fold is lowered, after every transformation, from the memory budget (:func:`make_plan`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._monoid import _take
+
+#: Tile heights are powers of two up to this.
+MAX_TILE = 2048
+#: Rows of y per block of a dense plan (the innermost, vectorised axis).
+DENSE_BJ = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSpec:
+    """What is known when a reduction is called: the kind, the sizes, explicit step sizes.
+
+    ``tilings`` (``"tiles"`` with static segment sizes): ``((T, num_tiles), ...)``, the tile
+    heights that waste at most ~4% of rows on partial tiles, largest first, with the (exact, or
+    on a mesh the largest over devices) number of tiles each gives. ``None`` for traced sizes.
+    ``chunk``: explicit rows per step (``int``) or ``(bi, bj)`` (dense); ``None`` = from budget.
+    """
+
+    kind: str
+    n: int
+    num_slots: int
+    tilings: tuple | None = None
+    chunk: Any = None
+
+
+def static_tilings(n, shares) -> tuple:
+    """``PlanSpec.tilings`` for static segment sizes ``shares`` (``(S,)`` or one row per device)."""
+    shares = np.atleast_2d(np.asarray(shares, np.int64))
+    out = []
+    for t in (2**k for k in range(int(math.log2(max(1, min(MAX_TILE, n)))), -1, -1)):
+        counts = np.sum(-(-shares // t), axis=1)
+        if t == 1 or np.all(counts * t <= 1.04 * n + t):
+            out.append((t, int(counts.max())))
+    return tuple(out)
+
+
+def _traced_tile(n, num_segments, rows) -> int:
+    """Tile height for traced sizes: assume segments near the mean size (padding ~ S*T/2)."""
+    t = 1
+    while t * 2 <= min(MAX_TILE, rows, n) and (t * 2) * num_segments <= 0.08 * n:
+        t *= 2
+    return t
+
+
+def make_plan(spec: PlanSpec, arrays, units: int, first=0):
+    """The plan for ``units`` rows (tiles, rows) or pairs (dense) per step.
+
+    ``arrays``: the plan's integer arrays (``(sizes, offsets)``, ``(segment_ids,)`` or ``()``);
+    ``first``: the global index of row 0 (a device's offset on a mesh; dense plans only).
+    """
+    if spec.kind == "tiles":
+        rows = spec.chunk or units
+        if spec.tilings is not None:
+            tile, count = next(((t, c) for t, c in spec.tilings if t <= rows), spec.tilings[-1])
+        else:
+            tile = _traced_tile(spec.n, spec.num_slots, rows)
+            count = spec.n // tile + spec.num_slots
+        group = max(1, min(rows // tile, count))
+        sizes, offsets = arrays
+        ends = jnp.cumsum((sizes + (tile - 1)) // tile).astype(jnp.int32)
+        return TilePlan(
+            ends, offsets, sizes, spec.n, spec.num_slots, tile, group, -(-count // group)
+        )
+    if spec.kind == "rows":
+        chunk = max(1, min(spec.chunk or units, spec.n))
+        return RowPlan(arrays[0], spec.n, spec.num_slots, chunk, -(-spec.n // chunk))
+    if spec.chunk is not None:
+        bi, bj = spec.chunk
+    else:
+        bj = min(spec.n, DENSE_BJ)
+        bi = max(1, units // bj)
+    return BlockPlan(spec.num_slots, spec.n, min(bi, spec.num_slots), min(bj, spec.n), first)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one step reads: ``rows`` (the chunk), where its slots are (``slots``), the ``(G, T)``
+    ``mask`` of cells that count, where its rows are (``at``) and which of them it owns
+    (``own``, ``(R,)``), and the global index of its ``T`` columns (``index``; dense plans)."""
+
+    rows: Any
+    slots: Any
+    mask: Any
+    at: Any
+    own: Any
+    index: Any
+
+
+class TilePlan:
+    """Contiguous segments as tiles of ``tile`` rows, ``group`` tiles per step.
+
+    Segment ``s`` covers rows ``offsets[s] : offsets[s] + sizes[s]`` and tiles
+    ``ends[s] - ceil(sizes[s] / tile) : ends[s]``; a step's tiles are computed from these ``(S,)``
+    arrays, so nothing in the loop grows with ``n``.
+    """
+
+    row_axis = 0
+
+    def __init__(self, ends, offsets, sizes, n, num_segments, tile, group, steps):
+        self.ends, self.offsets, self.sizes = ends, offsets, sizes
+        self.n, self.num_segments, self.tile, self.group, self.steps = (
+            n, num_segments, tile, group, steps,
+        )  # fmt: skip
+
+    def _schedule(self, i):
+        t = i * self.group + jnp.arange(self.group, dtype=jnp.int32)
+        seg = jnp.searchsorted(self.ends, t, side="right").astype(jnp.int32)
+        segc = jnp.minimum(seg, self.num_segments - 1)
+        k = t - (self.ends[segc] - (self.sizes[segc] + (self.tile - 1)) // self.tile)
+        valid = seg < self.num_segments
+        start = jnp.where(valid, self.offsets[segc] + k * self.tile, 0).astype(jnp.int32)
+        ln = jnp.where(valid, jnp.clip(self.sizes[segc] - k * self.tile, 0, self.tile), 0)
+        actual = jnp.minimum(start, self.n - self.tile)  # clamp: never read past the end
+        r = actual[:, None] + jnp.arange(self.tile, dtype=jnp.int32)
+        mask = (r >= start[:, None]) & (r < (start + ln)[:, None])
+        return actual, jnp.where(valid, seg, self.num_segments), mask
+
+    def load(self, rows, i):
+        actual, seg, mask = self._schedule(i)
+        t = self.tile
+
+        def gather(a):
+            tiles = jax.vmap(lambda s: lax.dynamic_slice_in_dim(a, s, t))(actual)
+            return tiles.reshape((self.group * t, *a.shape[1:]))
+
+        index = jnp.arange(t, dtype=jnp.int32)
+        return Step(jax.tree.map(gather, rows), seg, mask, actual, mask.reshape(-1), index)
+
+    def gather(self, slots, seg):
+        return jax.tree.map(lambda a: _take(a, seg), slots)
+
+    def merge(self, monoid, carry, seg, st):
+        if monoid is not None:
+            return monoid.scatter(carry, seg, st)
+        return jax.tree.map(lambda c, s: c.at[seg].add(s, mode="drop"), carry, st)
+
+    def store(self, buf, actual, vals, own):
+        t = self.tile
+        vals = jnp.where(_rows_mask(own, vals, 0), vals, jnp.zeros((), vals.dtype))
+        upd = vals.reshape((self.group, t, *vals.shape[1:]))
+        dnums = lax.ScatterDimensionNumbers(
+            update_window_dims=tuple(range(1, upd.ndim)),
+            inserted_window_dims=(),
+            scatter_dims_to_operand_dims=(0,),
+        )
+        return lax.scatter_add(
+            buf, actual[:, None], upd, dnums, mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS
+        )
+
+    def blank(self, shape, dtype, fill):
+        """0 on rows in a segment, ``fill`` on rows in none (never written)."""
+        r = lax.broadcasted_iota(jnp.int32, shape, 0)
+        inside = (r >= self.offsets[0]) & (r < self.offsets[-1] + self.sizes[-1])
+        return jnp.where(inside, jnp.zeros((), dtype), jnp.asarray(fill, dtype))
+
+
+class RowPlan:
+    """``n`` rows with their own ``segment_ids``, ``chunk`` consecutive rows per step."""
+
+    row_axis = 0
+    tile = 1
+
+    def __init__(self, segment_ids, n, num_segments, chunk, steps):
+        self.segment_ids, self.n, self.num_segments = segment_ids, n, num_segments
+        self.group, self.steps = chunk, steps
+
+    def _start(self, i):
+        return jnp.minimum(i * self.group, self.n - self.group)
+
+    def _valid(self, ids):
+        return (ids >= 0) & (ids < self.num_segments)
+
+    def load(self, rows, i):
+        start = self._start(i)
+        rows = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, self.group), rows)
+        ids = lax.dynamic_slice_in_dim(self.segment_ids, start, self.group).astype(jnp.int32)
+        own = start + jnp.arange(self.group, dtype=jnp.int32) >= i * self.group
+        own = own & self._valid(ids)  # rows with dropped ids take no part
+        seg = jnp.where(self._valid(ids), ids, self.num_segments)
+        return Step(rows, seg, own[:, None], start, own, jnp.zeros((1,), jnp.int32))
+
+    gather = TilePlan.gather
+    merge = TilePlan.merge
+
+    def store(self, buf, start, vals, own):
+        vals = jnp.where(_rows_mask(own, vals, 0), vals, jnp.zeros((), vals.dtype))
+        old = lax.dynamic_slice_in_dim(buf, start, self.group)
+        return lax.dynamic_update_slice_in_dim(buf, old + vals, start, axis=0)
+
+    def blank(self, shape, dtype, fill):
+        inside = _rows_mask(self._valid(self.segment_ids), jnp.zeros(shape, jnp.bool_), 0)
+        return jnp.broadcast_to(
+            jnp.where(inside, jnp.zeros((), dtype), jnp.asarray(fill, dtype)), shape
+        )
+
+
+class BlockPlan:
+    """Every row meets every slot: blocks of ``bi`` slots by ``bj`` rows, ``j`` fastest.
+
+    The rows are read along their *last* axis (a pairwise reduction walks ``y`` transposed, see
+    :mod:`foldax._pairwise`); ``first`` is the global index of row 0 (a device's offset).
+    """
+
+    row_axis = -1
+
+    def __init__(self, m, n, bi, bj, first=0):
+        self.m, self.n, self.bi, self.bj, self.first = m, n, bi, bj, first
+        self.steps_j = -(-n // bj)
+        self.steps = -(-m // bi) * self.steps_j
+        self.group, self.tile = bi, bj
+
+    @staticmethod
+    def _block(t, size, width):
+        start = jnp.minimum(t * width, size - width)
+        return start, start + jnp.arange(width, dtype=jnp.int32) >= t * width
+
+    def load(self, rows, t):
+        si, own_i = self._block(t // self.steps_j, self.m, self.bi)
+        sj, own_j = self._block(t % self.steps_j, self.n, self.bj)
+        rows = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, sj, self.bj, a.ndim - 1), rows)
+        index = self.first + sj + jnp.arange(self.bj, dtype=jnp.int32)
+        return Step(rows, si, own_i[:, None] & own_j[None, :], sj, own_j, index)
+
+    def gather(self, slots, si):
+        return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, si, self.bi), slots)
+
+    def merge(self, monoid, carry, si, st):
+        old = self.gather(carry, si)
+        new = monoid.combine(old, st) if monoid is not None else jax.tree.map(jnp.add, old, st)
+        return jax.tree.map(lambda c, b: lax.dynamic_update_slice_in_dim(c, b, si, 0), carry, new)
+
+    def store(self, buf, sj, vals, own):
+        ax = buf.ndim - 1
+        vals = jnp.where(own, vals, jnp.zeros((), vals.dtype))
+        old = lax.dynamic_slice_in_dim(buf, sj, self.bj, ax)
+        return lax.dynamic_update_slice_in_dim(buf, old + vals, sj, ax)
+
+    def blank(self, shape, dtype, fill):
+        return jnp.zeros(shape, dtype)
+
+
+def _rows_mask(own, like, axis):
+    """Broadcast a per-row mask ``(R,)`` against ``like`` whose rows are on ``axis`` (0)."""
+    return own.reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+__all__ = ["BlockPlan", "PlanSpec", "RowPlan", "Step", "TilePlan", "make_plan", "static_tilings"]

@@ -1,0 +1,730 @@
+"""The one streamed fold, as a JAX primitive with its own rules.
+
+A fold instance computes, over the steps of a plan (:mod:`foldax._engine._plan`)::
+
+    for each step:  (G slots) x (T rows) tile, mask
+        vals, tots, rowvals = body(consts, slots[tile's slots], rows[step's rows], mask, index)
+        slot states  <- merge(monoid.reduce(vals, mask))    (or += vals: an *additive* fold)
+        tot sums     += tots
+        row buffers  += rowvals  (at the step's own rows)
+
+and returns ``(slot outputs, tot sums, row buffers)``: ``monoid.outputs(states)`` per slot
+(segments, rows of ``x``), sums over everything, and one value per row. The arguments are four
+tuples of arrays: the plan's integer ``arrays``, ``consts`` (whole in every step), ``slots``
+(leading axis = slots, gathered per tile) and ``rows`` (leading axis = rows; last axis for dense
+plans).
+
+Every rule produces another fold, so that every order of differentiation streams:
+
+* ``jvp`` / ``linearized``: an additive fold of ``jax.jvp(body)``, turned into the outputs'
+  tangents by ``monoid.tangent`` (the primal outputs' ``monoid.info`` enters as slots);
+* ``vjp_bwd`` / ``transpose``: an additive fold of ``jax.vjp(body)`` pulled back from the outputs'
+  cotangents (``monoid.row_cotangent``): cotangents of ``consts`` are tot sums, of ``slots``
+  slot sums, of ``rows`` row buffers;
+* ``batch``: :class:`Batched`, which ``vmap`` s the fold's implementation after scaling its plan
+  for the batch (the planner sees every enclosing ``vmap``), and derives its rules from the
+  unbatched instance's.
+
+Nothing per step is saved between passes: the residuals of every rule are its inputs and the
+small per-slot outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental.hijax import ShapedArray, VJPHiPrimitive, Zero
+
+from .. import _shard
+from ._budget import CPU_STEP_BYTES, DEFAULT_BUDGET
+from ._plan import PlanSpec, make_plan
+
+# ----------------------------------------------------------------------------------------------
+# The static description of an instance
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Spec:
+    """Everything static about a fold (hashed by identity).
+
+    ``body(consts, slots, rows, mask, index) -> (vals, tots, rowvals)``: for a monoid fold
+    ``vals`` are the tile's values ``(G, T, *F)`` (a pytree for pairs of values), reduced by
+    ``monoid``; for an additive fold (``monoid=None``) a tuple of per-slot partial sums
+    ``(G, ...)``. ``fill``: the value of row outputs on rows that no step owns.
+    ``axes``: mesh axes splitting the rows (slot states are all-reduced); ``ring``: mesh axes
+    splitting rows and slots (the rows go round the devices). ``slot_psum``: psum an additive
+    fold's slot sums over ``axes`` (the tangent of an all-reduced output).
+    """
+
+    plan: PlanSpec
+    body: Callable
+    monoid: Any = None
+    budget: int = DEFAULT_BUDGET
+    scale: int = 1
+    fill: float = 0.0
+    axes: tuple = ()
+    ring: tuple = ()
+    slot_psum: bool = False
+    name: str = "foldax"
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+
+def _aval(x):
+    return jax.typeof(x)
+
+
+def _is_float(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _is_zero(t) -> bool:
+    return isinstance(t, Zero)
+
+
+# ----------------------------------------------------------------------------------------------
+# Probing the body: output shapes and bytes per unit of work
+
+
+def _probe_grid(kind, g, t):
+    """``(G, T, R)``: slots, columns and rows of a probe step."""
+    if kind == "dense":
+        return g, t, t
+    if kind == "rows":
+        return g, 1, g
+    return g, t, g * t
+
+
+def _probe_avals(spec, avals, g, t):
+    """Abstract inputs of ``body`` for a ``(g, t)`` tile grid (typed like the real ones: on a
+    mesh a replayed ``fn`` needs its operands' varying axes)."""
+    _, consts, slots, rows = avals
+    g, t, r = _probe_grid(spec.plan.kind, g, t)
+    tile_slots = tuple(_shaped(a, (g, *a.shape[1:])) for a in slots)
+    if spec.plan.kind == "dense":
+        chunk = tuple(_shaped(a, (*a.shape[:-1], r)) for a in rows)
+    else:
+        chunk = tuple(_shaped(a, (r, *a.shape[1:])) for a in rows)
+    consts = tuple(_shaped(a, a.shape) for a in consts)
+    return consts, tile_slots, chunk, ShapedArray((g, t), jnp.bool_), ShapedArray((t,), jnp.int32)
+
+
+def _shaped(aval, shape):
+    return aval.update(shape=shape) if hasattr(aval, "update") else ShapedArray(shape, aval.dtype)
+
+
+def _step_fn(spec):
+    """One step's computation (body, then the monoid's tile reduction) for probing."""
+
+    def f(consts, slots, rows, mask, index):
+        vals, tots, rowvals = spec.body(consts, slots, rows, mask, index)
+        if spec.monoid is not None:
+            vals = spec.monoid.reduce(vals, mask, *_index(spec, index))
+        return vals, tots, rowvals
+
+    return f
+
+
+def _index(spec, index):
+    return (index,) if getattr(spec.monoid, "needs_index", False) else ()
+
+
+def _jaxpr_bytes(jaxpr) -> int:
+    """Bytes of every value a jaxpr (and the jaxprs inside it) computes: an upper bound on
+    what one step keeps live."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        for v in eqn.outvars:
+            aval = v.aval
+            if hasattr(aval, "shape") and hasattr(aval, "dtype"):
+                total += math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, tuple | list) else (p,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    total += _jaxpr_bytes(inner)
+    return total
+
+
+def unit_bytes(spec, avals) -> float:
+    """Bytes one unit of work (a row; a pair for dense plans) keeps live in a step, for one
+    batch element: measured on the traced step at two sizes (so that what does not grow with
+    the step is not counted)."""
+    small, big = ((1, 128), (4, 128)) if spec.plan.kind == "dense" else ((1, 64), (1, 256))
+    if spec.plan.kind == "rows":
+        small, big = (64, 1), (256, 1)
+
+    def measure(g, t):
+        probe = _probe_avals(spec, avals, g, t)
+        jaxpr = jax.make_jaxpr(_step_fn(spec))(*probe).jaxpr
+        ins = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(probe))
+        _, tt, r = _probe_grid(spec.plan.kind, g, t)
+        units = g * tt if spec.plan.kind == "dense" else r
+        return _jaxpr_bytes(jaxpr) + ins, units
+
+    (b0, u0), (b1, u1) = measure(*small), measure(*big)
+    return max((b1 - b0) / (u1 - u0), 1.0)
+
+
+def plan_units(spec, avals) -> int:
+    """Rows (pairs for dense plans) per step: the budget over the batch and the bytes per unit,
+    capped on CPU at a cache-friendly step size; a power of two."""
+    if spec.plan.chunk is not None:
+        return 0
+    step = spec.budget if jax.default_backend() != "cpu" else min(spec.budget, CPU_STEP_BYTES)
+    units = step / (unit_bytes(spec, avals) * spec.scale)
+    return 1 << max(0, math.floor(math.log2(max(units, 1))))
+
+
+# ----------------------------------------------------------------------------------------------
+# The implementation
+
+
+def _out_avals(spec, avals):
+    """Output avals, from a probe of the body (no loop is traced)."""
+    probe = _probe_avals(spec, avals, 2, 2)
+    vals, tots, rowvals = jax.eval_shape(spec.body, *probe)
+    sds = jax.ShapeDtypeStruct
+    num, n = spec.plan.num_slots, spec.plan.n
+    if spec.monoid is not None:
+        row = spec.monoid.value_aval(vals)
+        slot = jax.eval_shape(lambda: _finish(spec, spec.monoid.init_aval(num, row), row))
+    else:
+        slot = tuple(sds((num, *a.shape[1:]), a.dtype) for a in vals)
+    if spec.plan.kind == "dense":
+        rowo = tuple(sds((*a.shape[:-1], n), a.dtype) for a in rowvals)
+    else:
+        rowo = tuple(sds((n, *a.shape[1:]), a.dtype) for a in rowvals)
+    shaped = lambda a: ShapedArray(a.shape, a.dtype)  # noqa: E731
+    return jax.tree.map(shaped, (tuple(slot), tuple(tots), rowo))
+
+
+def _typed_out_avals(spec, avals):
+    """Output avals with the types the loop gives them (on a mesh: which axes each varies
+    along), from tracing it once."""
+    shapes = _out_avals(spec, avals)
+    if not (spec.axes or spec.ring):
+        return shapes
+    jaxpr = jax.make_jaxpr(lambda *a: _run(spec, 1, shapes, *a))(*avals)
+    return jax.tree.unflatten(jax.tree.structure(shapes), jaxpr.out_avals)
+
+
+def _finish(spec, state, row_aval):
+    """A monoid fold's outputs; the result in the values' dtype (states may be wider)."""
+    outs = spec.monoid.outputs(state)
+    dtype = getattr(row_aval, "dtype", None)
+    first = outs[0]
+    if dtype is not None and jnp.issubdtype(first.dtype, jnp.floating) and first.dtype != dtype:
+        first = first.astype(dtype)
+    return (first, *outs[1:])
+
+
+def _run(spec, units, out_avals, arrays, consts, slots, rows):
+    """The loop: one ``lax.scan`` over the plan (inside a scan over devices for a ring)."""
+    mon, axes = spec.monoid, spec.axes + spec.ring
+    n = spec.plan.n
+    first = _shard.device_index(spec.axes) * n if spec.axes and spec.plan.kind == "dense" else 0
+    plan0 = make_plan(spec.plan, arrays, units, first)
+    if mon is not None:
+        probe = _probe_avals(spec, jax.tree.map(_aval, (arrays, consts, slots, rows)), 2, 2)
+        vals = jax.eval_shape(spec.body, *probe)[0]
+        row_aval = mon.value_aval(vals)
+        slot0 = mon.init_aval(spec.plan.num_slots, row_aval)
+    else:
+        slot0 = tuple(jnp.zeros(a.shape, a.dtype) for a in out_avals[0])
+    tot0 = tuple(jnp.zeros(a.shape, a.dtype) for a in out_avals[1])
+    buf0 = tuple(plan0.blank(a.shape, a.dtype, spec.fill) for a in out_avals[2])
+
+    def step(plan, rows, carry_t, _):
+        (st, tot, bufs), t = carry_t
+        s = plan.load(rows, t)
+        tile_slots = plan.gather(slots, s.slots)
+        vals, tots, rowvals = spec.body(consts, tile_slots, s.rows, s.mask, s.index)
+        if mon is not None:
+            vals = mon.reduce(vals, s.mask, *_index(spec, s.index))
+        st = plan.merge(mon, st, s.slots, vals)
+        tot = tuple(a + b for a, b in zip(tot, tots, strict=True))
+        bufs = tuple(plan.store(b, s.at, v, s.own) for b, v in zip(bufs, rowvals, strict=True))
+        return (_shard.to_varying((st, tot, bufs), axes, skip=(1,)), t + 1), None
+
+    def sweep(carry, rows, first):
+        # The step counter is carried (an ``xs`` of step indices would be an array as long as
+        # the number of steps, which for a dense plan grows like M * N).
+        plan = make_plan(spec.plan, arrays, units, first)
+        init = (carry, jnp.zeros((), jnp.int32))
+        body = lambda c, x: step(plan, rows, c, x)  # noqa: E731
+        return lax.scan(body, init, None, length=plan.steps)[0][0]
+
+    carry = _shard.to_varying((slot0, tot0, buf0), axes, skip=(1,))
+    if axes and _shard.types_checked(axes):
+        # The sums over every row (tots) are typed as the body makes them: complete on every
+        # device where the body sums over devices itself (a replicated parameter's cotangent).
+        one = lambda c: step(plan0, rows, (c, jnp.zeros((), jnp.int32)), None)[0][0]  # noqa: E731
+        typed = jax.make_jaxpr(one)(carry).out_avals
+        carry = _shard.like(carry, jax.tree.unflatten(jax.tree.structure(carry), typed))
+    if not spec.ring:
+        st, tot, bufs = sweep(carry, rows, first)
+    else:
+        st, tot, bufs = _around(spec.ring, n, sweep, carry, rows)
+    if mon is not None:
+        st = mon.allreduce(st, spec.axes) if spec.axes else st
+        st = _finish(spec, st, row_aval)
+    elif spec.slot_psum and spec.axes:
+        st = tuple(lax.psum(a, spec.axes) for a in st)
+    return tuple(st), tot, bufs
+
+
+def _around(ring, n, sweep, carry, rows):
+    """``sweep`` every device's rows along ``ring``: the rows and their row buffers go round
+    the devices (``ppermute``); after a full turn each is home with what was added to it."""
+    count, me = _shard.device_count(ring), _shard.device_index(ring)
+    perm = [(i, (i + 1) % count) for i in range(count)]
+    axis = ring if len(ring) > 1 else ring[0]
+
+    def turn(c, r):
+        (st, tot, bufs), rows = c
+        st, tot, bufs = sweep((st, tot, bufs), rows, ((me - r) % count) * n)
+        bufs, rows = jax.tree.map(lambda a: lax.ppermute(a, axis, perm), (bufs, rows))
+        return ((st, tot, bufs), rows), None
+
+    return lax.scan(turn, (carry, rows), jnp.arange(count))[0][0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Derived bodies: every derivative of a fold is an additive fold
+
+
+def _pick(leaves, flags):
+    return [x for x, f in zip(leaves, flags, strict=True) if f]
+
+
+def _fill(leaves, flags, some):
+    it = iter(some)
+    return [next(it) if f else x for x, f in zip(leaves, flags, strict=True)]
+
+
+def _partial(f, primals, flags):
+    """``f`` of the flagged leaves of ``primals`` (a tuple of three tuples), the others fixed."""
+    flat, tree = jax.tree.flatten(primals)
+
+    def g(*some):
+        return f(*jax.tree.unflatten(tree, _fill(flat, flags, some)))
+
+    return g, _pick(flat, flags)
+
+
+def _rows_own(kind, mask):
+    """Which rows of a step's chunk it owns, from its ``(G, T)`` mask."""
+    return jnp.any(mask, axis=0) if kind == "dense" else mask.reshape(-1)
+
+
+def _mask_rows(kind, own, a):
+    if kind == "dense":
+        return jnp.where(own, a, jnp.zeros((), a.dtype))
+    return jnp.where(own.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros((), a.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """How a derived fold's arguments extend its parent's: parent counts and flags."""
+
+    nc: int  # consts
+    ns: int  # slots
+    ni: int  # info (per-slot arrays from the parent's outputs)
+    nr: int  # rows
+    nz: tuple  # flags over the parent's consts + slots + rows: differentiated
+    gnz: tuple = ()  # flags over the parent's outputs (slot, tot, row): cotangent given
+
+    def split(self, consts, slots, rows):
+        c, extra_c = consts[: self.nc], consts[self.nc :]
+        s, info, extra_s = (
+            slots[: self.ns],
+            slots[self.ns : self.ns + self.ni],
+            slots[self.ns + self.ni :],
+        )
+        r, extra_r = rows[: self.nr], rows[self.nr :]
+        return (tuple(c), tuple(s), tuple(r)), info, (extra_c, extra_s, extra_r)
+
+
+def _jvp_body(parent: Spec, shape: Shape):
+    """The tangent fold's body: ``jax.jvp`` of the parent's, turned into output tangents."""
+
+    def body(consts, slots, rows, mask, index):
+        primals, info, tangents = shape.split(consts, slots, rows)
+        f, nz_primals = _partial(
+            lambda c, s, r: parent.body(c, s, r, mask, index), primals, shape.nz
+        )
+        tangents = _shard.like(tuple(t for part in tangents for t in part), tuple(nz_primals))
+        out, dout = jax.jvp(f, tuple(nz_primals), tangents)
+        if parent.monoid is None:
+            return dout
+        ts = parent.monoid.tangent(out[0], dout[0], mask, info, *_index(parent, index))
+        return tuple(t for t in ts if t is not None), (), ()
+
+    return body
+
+
+def _vjp_body(parent: Spec, shape: Shape, out_avals):
+    """The cotangent fold's body: ``jax.vjp`` of the parent's, pulled back from the outputs'
+    cotangents (gathered per tile, or read per row); returns ``(slot cts, const cts, row cts)``."""
+    kind = parent.plan.kind
+
+    def body(consts, slots, rows, mask, index):
+        primals, info, given = shape.split(consts, slots, rows)
+        g_tot, g_slot, g_row = given
+        if parent.monoid is not None:
+            f, nz_primals = _partial(
+                lambda c, s, r: parent.body(c, s, r, mask, index)[0], primals, shape.nz
+            )
+            vals, pull = jax.vjp(f, *nz_primals)
+            flags = shape.gnz[: len(out_avals[0])]
+            it = iter(g_slot)
+            g = tuple(next(it) if fl else None for fl in flags)
+            ct = parent.monoid.row_cotangent(vals, mask, info, g, *_index(parent, index))
+            ct = _shard.like(ct, vals)
+        else:
+            f, nz_primals = _partial(
+                lambda c, s, r: parent.body(c, s, r, mask, index), primals, shape.nz
+            )
+            out, pull = jax.vjp(f, *nz_primals)
+            own = _rows_own(kind, mask)
+            given_flat = iter([*g_slot, *g_tot, *(_mask_rows(kind, own, a) for a in g_row)])
+            leaves, tree = jax.tree.flatten(out)
+            ct = jax.tree.unflatten(
+                tree,
+                [
+                    next(given_flat) if fl else jnp.zeros_like(x)
+                    for x, fl in zip(leaves, shape.gnz, strict=True)
+                ],
+            )
+            ct = _shard.like(ct, out)
+        ct_c, ct_s, ct_r = _unflag(pull(ct), shape)
+        return tuple(ct_s), tuple(ct_c), tuple(ct_r)
+
+    return body
+
+
+def _unflag(cts, shape):
+    """The pulled-back cotangents (flagged leaves only) split into consts, slots, rows."""
+    nz = shape.nz
+    a = sum(nz[: shape.nc])
+    b = a + sum(nz[shape.nc : shape.nc + shape.ns])
+    return cts[:a], cts[a:b], cts[b:]
+
+
+# ----------------------------------------------------------------------------------------------
+# The primitive
+
+
+class _Rules(VJPHiPrimitive):
+    """Differentiation and batching rules shared by :class:`Fold` and :class:`Batched`: each
+    rule derives another fold (``derive``) and calls it."""
+
+    def _counts(self):
+        _, consts, slots, rows = self.in_avals
+        return len(consts), len(slots), len(rows)
+
+    def _shape(self, nz, gnz=()):
+        nc, ns, nr = self._counts()
+        return Shape(nc, ns, self.num_info(), nr, tuple(nz), tuple(gnz))
+
+    # -- forward mode --------------------------------------------------------------------------
+
+    def _tangents(self, args, outs, tangents):
+        arrays, consts, slots, rows = args
+        flat_t = [t for part in tangents[1:] for t in part]
+        flat_p = [p for part in (consts, slots, rows) for p in part]
+        nz = tuple(
+            not _is_zero(t) and _is_float(_aval(p)) for t, p in zip(flat_t, flat_p, strict=True)
+        )
+        if not any(nz):
+            return jax.tree.map(lambda a: Zero(a.to_tangent_aval()), self.out_aval)
+        nc, ns, _ = self._counts()
+        dc, ds, dr = _parts(flat_t, nz, nc, ns)
+        derived = self.derive("jvp", self._shape(nz))
+        t = derived(arrays, (*consts, *dc), (*slots, *self.info(outs), *ds), (*rows, *dr))
+        if self.spec.monoid is None:
+            return t
+        it = iter(t[0])
+        slot = tuple(
+            next(it).astype(a.dtype) if _is_float(a) else Zero(a.to_tangent_aval())
+            for a in self.out_aval[0]
+        )
+        return (slot, (), ())
+
+    def jvp(self, primals, tangents):
+        outs = self(*primals)
+        return outs, self._tangents(primals, outs, tangents)
+
+    def lin(self, nzs_in, *args):
+        outs = self(*args)
+        return outs, (args, outs)
+
+    def linearized(self, residuals, *tangents):
+        args, outs = residuals
+        return self._tangents(args, outs, tangents)
+
+    # -- reverse mode --------------------------------------------------------------------------
+
+    def vjp_fwd(self, nzs_in, *args):
+        outs = self(*args)
+        return outs, (args, outs)
+
+    def _cotangents(self, args, outs, g, nz):
+        """Cotangents ``(consts, slots, rows)`` (``None`` where not wanted) from the outputs'."""
+        arrays, consts, slots, rows = args
+        out_leaves = jax.tree.leaves(self.out_aval)
+        g_leaves = jax.tree.leaves(g, is_leaf=_is_zero)
+        gnz = tuple(
+            not _is_zero(x) and _is_float(a) for x, a in zip(g_leaves, out_leaves, strict=True)
+        )
+        if not any(nz) or not any(gnz):
+            return None
+        no, nt = len(self.out_aval[0]), len(self.out_aval[1])
+        g_slot = self.prepare_slot_cotangents(_pick(g_leaves[:no], gnz[:no]))
+        g_tot = _pick(g_leaves[no : no + nt], gnz[no : no + nt])
+        g_row = _pick(g_leaves[no + nt :], gnz[no + nt :])
+        info = self.info(outs) if self.num_info() else ()
+        derived = self.derive("vjp", self._shape(nz, gnz))
+        ct_s, ct_c, ct_r = derived(
+            arrays, (*consts, *g_tot), (*slots, *info, *g_slot), (*rows, *g_row)
+        )
+        nc, ns, nr = self._counts()
+        nz_c, nz_s, nz_r = nz[:nc], nz[nc : nc + ns], nz[nc + ns :]
+        cts = (
+            _fill([None] * nc, nz_c, ct_c),
+            _fill([None] * ns, nz_s, ct_s),
+            _fill([None] * nr, nz_r, ct_r),
+        )
+        return self.finish_cotangents(args, cts)
+
+    def vjp_bwd(self, res, outgrad, *arg_accums):
+        args, outs = res
+        accums = [a for part in arg_accums[1:] for a in part]
+        cts = self._cotangents(args, outs, outgrad, tuple(_wants(a) for a in accums))
+        _accumulate(accums, cts)
+
+    def transpose(self, out_ct, *args):
+        """Transpose in the arguments given as accumulators (an additive fold is linear in its
+        tangent or cotangent inputs): the cotangent fold, at zeros for them."""
+        flat = [a for part in args[1:] for a in part]
+        nz = tuple(_wants(a) for a in flat)
+        vals = [jnp.zeros(a.aval.shape, a.aval.dtype) if _is_accum(a) else a for a in flat]
+        nc, ns, _ = self._counts()
+        parts = (tuple(vals[:nc]), tuple(vals[nc : nc + ns]), tuple(vals[nc + ns :]))
+        _accumulate(flat, self._cotangents((args[0], *parts), None, out_ct, nz))
+
+    # -- batching ------------------------------------------------------------------------------
+
+    def batch(self, axis_data, args, dims):
+        def move(a, d):
+            return a if d is None else jnp.moveaxis(a, d, 0)
+
+        leaf = lambda x: x is None  # noqa: E731
+        if all(d is None for d in jax.tree.leaves(dims, is_leaf=leaf)):
+            return self(*args), jax.tree.map(lambda _: None, self.out_aval)
+        args = jax.tree.map(move, args, dims, is_leaf=leaf)
+        flags = jax.tree.map(lambda d: None if d is None else 0, dims, is_leaf=leaf)
+        out = Batched(self, axis_data.size, flags)(*args)
+        return out, jax.tree.map(lambda _: 0, self.out_aval)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def prepare_slot_cotangents(self, g_slot):
+        return g_slot
+
+    def finish_cotangents(self, args, cts):
+        return cts
+
+
+def _is_accum(a) -> bool:
+    return hasattr(a, "accum") and hasattr(a, "freeze")
+
+
+def _wants(acc) -> bool:
+    """Whether a backward / transpose argument is an accumulator that wants a cotangent."""
+    return _is_accum(acc) and type(acc).__name__ != "NullAccum"
+
+
+def _accumulate(accums, cts):
+    if cts is None:
+        return
+    flat = [c for part in cts for c in part]
+    for acc, ct in zip(accums, flat, strict=True):
+        if ct is not None and _wants(acc):
+            acc.accum(ct)
+
+
+def _parts(flat, nz, nc, ns):
+    """The flagged leaves of ``consts + slots + rows``, split back into the three."""
+    picked = _pick(flat, nz)
+    a, b = sum(nz[:nc]), sum(nz[:nc]) + sum(nz[nc : nc + ns])
+    return picked[:a], picked[a:b], picked[b:]
+
+
+def _args(arrays, consts, slots, rows):
+    return (tuple(arrays), tuple(consts), tuple(slots), tuple(rows))
+
+
+class Fold(_Rules):
+    """One streamed fold (see the module docstring): ``Fold(spec, avals)(arrays, consts, slots,
+    rows)``, ``avals`` the four tuples' avals."""
+
+    def __init__(self, spec: Spec, avals):
+        self.in_avals = avals
+        self.out_aval = _typed_out_avals(spec, avals)
+        self.params = dict(spec=spec)
+        super().__init__()
+
+    def expand(self, *args):
+        units = plan_units(self.spec, self.in_avals)
+        return _run(self.spec, units, self.out_aval, *jax.tree.map(jnp.asarray, args))
+
+    def scaled(self, k):
+        return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)
+
+    def num_info(self):
+        if self.spec.monoid is None:
+            return 0
+        return len(jax.eval_shape(lambda o: tuple(self.spec.monoid.info(o)), self.out_aval[0]))
+
+    def info(self, outs):
+        return () if self.spec.monoid is None else tuple(self.spec.monoid.info(outs[0]))
+
+    def derive(self, kind, shape):
+        spec = self.spec
+        if kind == "jvp":
+            body = _jvp_body(spec, shape)
+            psum = spec.monoid is not None or spec.slot_psum
+        else:
+            body, psum = _vjp_body(spec, shape, self.out_aval), False
+        return _Derived(spec.replace(body=body, monoid=None, fill=0.0, slot_psum=psum))
+
+    def prepare_slot_cotangents(self, g_slot):
+        if self.spec.monoid is not None and self.spec.axes:
+            return [_shard.replicated_cotangent(g, self.spec.axes) for g in g_slot]
+        return g_slot
+
+    def finish_cotangents(self, args, cts):
+        """On a mesh, the cotangent of an input replicated along the fold's axes is the sum of
+        every device's share (where types are tracked; see :mod:`foldax._shard`)."""
+        axes = self.spec.axes + self.spec.ring
+        if not axes:
+            return cts
+        return tuple(
+            [_shard.reduce_cotangent(c, a, axes) for c, a in zip(part, primals, strict=True)]
+            for part, primals in zip(cts, args[1:], strict=True)
+        )
+
+
+class _Derived:
+    """A derived fold, built when it is called (its arguments' avals are known then)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def build(self, avals):
+        return Fold(self.spec, avals)
+
+    def __call__(self, *args):
+        args = _args(*args)
+        return self.build(jax.tree.map(_aval, args))(*args)
+
+
+class _DerivedBatched(_Derived):
+    """A derived fold of a batched fold: the inner fold's derivative, batched like it."""
+
+    def __init__(self, inner, size, dims):
+        self.inner, self.size, self.dims = inner, size, dims
+
+    def build(self, avals):
+        def unmap(a, d):
+            return a if d is None else _shaped(a, a.shape[1:])
+
+        inner = self.inner.build(jax.tree.map(unmap, avals, self.dims, is_leaf=_leaf_none))
+        return Batched(inner, self.size, self.dims)
+
+
+def _leaf_none(x):
+    return x is None
+
+
+class Batched(_Rules):
+    """A fold under ``vmap``: the inner fold's implementation ``vmap`` ped, its plan scaled by
+    the batch size first (so that a step's working set over the whole batch stays within the
+    budget). Its rules are the inner fold's, batched the same way."""
+
+    def __init__(self, inner, size, dims):
+        def unmap(a, d):
+            return a if d is None else _shaped(a, (size, *a.shape))
+
+        dims = _freeze(dims)
+        self.in_avals = jax.tree.map(unmap, inner.in_avals, dims, is_leaf=_leaf_none)
+        self.out_aval = jax.tree.map(lambda a: unmap(a, 0), inner.out_aval)
+        self.params = dict(inner=inner, size=size, dims=dims)
+        super().__init__()
+
+    @property
+    def spec(self):
+        return self.inner.spec
+
+    def expand(self, *args):
+        inner = self.inner.scaled(self.size)
+        vmapped = jax.vmap(inner.expand, in_axes=self.dims, out_axes=0, axis_size=self.size)
+        return vmapped(*args)
+
+    def scaled(self, k):
+        return Batched(self.inner.scaled(k), self.size, self.dims)
+
+    def num_info(self):
+        return self.inner.num_info()
+
+    def info(self, outs):
+        return jax.vmap(self.inner.info)(outs)
+
+    def derive(self, kind, shape):
+        arrays_d, consts_d, slots_d, rows_d = self.dims
+        nc, ns, _ = self._counts()
+        if kind == "jvp":  # a tangent is batched like its primal
+            extra_c, extra_s, extra_r = _parts([*consts_d, *slots_d, *rows_d], shape.nz, nc, ns)
+        else:  # the outputs, and so their cotangents, are all batched
+            no, nt = len(self.out_aval[0]), len(self.out_aval[1])
+            extra_s = [0] * sum(shape.gnz[:no])
+            extra_c = [0] * sum(shape.gnz[no : no + nt])
+            extra_r = [0] * sum(shape.gnz[no + nt :])
+        dims = (
+            arrays_d,
+            (*consts_d, *extra_c),
+            (*slots_d, *([0] * shape.ni), *extra_s),
+            (*rows_d, *extra_r),
+        )
+        return _DerivedBatched(self.inner.derive(kind, shape), self.size, _freeze(dims))
+
+    def prepare_slot_cotangents(self, g_slot):
+        return self.inner.prepare_slot_cotangents(g_slot)
+
+    def finish_cotangents(self, args, cts):
+        """Cotangents of arguments that are not batched: summed over the batch."""
+        dims = self.dims[1:]
+        return tuple(
+            [
+                c if c is None or d is not None else jnp.sum(c, axis=0)
+                for c, d in zip(p, pd, strict=True)
+            ]
+            for p, pd in zip(cts, dims, strict=True)
+        )
+
+
+def _freeze(dims):
+    return tuple(tuple(p) for p in dims)
+
+
+__all__ = ["Batched", "Fold", "Spec", "plan_units", "unit_bytes"]
