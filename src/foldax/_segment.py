@@ -387,21 +387,12 @@ def _on_mesh(mesh, axes, local, data, part, fn, per_row):
 
 
 def _replayable(fn, data):
-    """``(replay, consts)``: ``replay(consts)`` is ``fn`` (row-wise, traced for one row and
-    ``vmap`` ped over the rows it is given), with every array ``fn`` closes over (``consts``)
-    passed in explicitly."""
+    """``(replay, consts)``: ``replay(consts)`` is ``fn`` (row-wise) with every array it closes
+    over (``consts``) passed in explicitly (see :func:`foldax._fold.row_fn`)."""
     if fn is None:
         return (lambda consts: None), []
-    example = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct((1, *jnp.shape(a)[1:]), jnp.result_type(a)), data
-    )
-    replay, consts = _shard.replayable(fn, example)
-
-    def rowwise(consts):
-        one = replay(consts)
-        return lambda rows: jax.vmap(lambda r: one(jax.tree.map(lambda a: a[None], r))[0])(rows)
-
-    return rowwise, consts
+    f, consts = _fold.row_fn(fn, data)
+    return (lambda consts: lambda rows: f(consts, tuple(jax.tree.leaves(rows)))), list(consts)
 
 
 _PARTITION_DOC = """

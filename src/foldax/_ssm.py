@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import TYPE_CHECKING
 
@@ -33,20 +32,36 @@ def _cauchy_term_jvp(primals, tangents):
 
 
 def _batched(name, kernel, rows, cols, batch, block_size, axes=()):
-    """``vmap`` over the flattened batch of ``pairwise(kernel, rows[b], cols[b])``; on a mesh,
-    ``cols`` (the poles) are this device's share, split over ``axes``."""
-    b = math.prod(batch)
+    """``pairwise(kernel, rows, cols)`` over the broadcast ``batch``: one ``vmap`` per batch
+    dimension, each over only the arrays that have it (an array shared along a batch dimension,
+    such as S4's nodes ``z`` for every channel, is neither copied nor given a cotangent per
+    batch element). On a mesh, ``cols`` (the poles) are this device's share, split over
+    ``axes``."""
     m = jax.tree.leaves(rows)[0].shape[-1]
     n = jax.tree.leaves(cols)[0].shape[-1]
     block = _block_sizes(name, block_size, m, n)
-
-    def flat(t):
-        return jax.tree.map(lambda a: jnp.broadcast_to(a, (*batch, a.shape[-1])).reshape(b, -1), t)
-
     monoid = _monoid_for(name, "sum", None, n)
-    one = lambda r, c: pairwise(name, kernel, r, c, monoid, block, axes)  # noqa: E731
-    out = jax.vmap(one)(flat(rows), flat(cols))
-    return out.reshape((*batch, m))
+    nb = len(batch)
+
+    def pad(a):  # leading batch dims as in ``batch`` (size 1 where broadcast)
+        return a.reshape((1,) * (nb + 1 - a.ndim) + a.shape)
+
+    def call(rows, cols, d):
+        if d == nb:
+            return pairwise(name, kernel, rows, cols, monoid, block, axes)
+
+        def axis(a):
+            return 0 if a.shape[0] > 1 else None
+
+        squeeze = lambda t: jax.tree.map(lambda a: a if a.shape[0] > 1 else a[0], t)  # noqa: E731
+        inner = lambda r, c: call(r, c, d + 1)  # noqa: E731
+        spec = (jax.tree.map(axis, rows), jax.tree.map(axis, cols))
+        if all(x is None for x in jax.tree.leaves(spec, is_leaf=lambda x: x is None)):
+            out = inner(squeeze(rows), squeeze(cols))
+            return jnp.broadcast_to(out, (batch[d], *out.shape))
+        return jax.vmap(inner, in_axes=spec, axis_size=batch[d])(squeeze(rows), squeeze(cols))
+
+    return call(jax.tree.map(pad, rows), jax.tree.map(pad, cols), 0)
 
 
 def _distributed(name, local, arrays, kinds, batch, axis_name):

@@ -7,8 +7,8 @@ A step of the fold holds one chunk of rows (or one tile of pairs) and everything
 * the budget: :data:`DEFAULT_BUDGET` unless a :func:`memory_budget` context says otherwise; it
   bounds the scratch memory whatever the outer batch is;
 * a per-backend step size: on CPU a step larger than the caches only costs memory, so steps stop
-  growing at :data:`CPU_STEP_BYTES`; on GPU the budget itself is the step size (fewer, larger
-  steps).
+  growing at :data:`CPU_STEP_BYTES` (and :data:`CPU_STEP_UNITS` rows or pairs per batch
+  element); on GPU the budget itself is the step size (fewer, larger steps).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import threading
 
 #: The default budget for one step's working set, all batch elements together.
 DEFAULT_BUDGET = 16 * 2**20
-#: Steps on CPU stop growing at this size (cache-friendly), whatever the budget.
-CPU_STEP_BYTES = 2**20
+#: Steps on CPU stop growing at this size (cache-friendly), whatever the budget...
+CPU_STEP_BYTES = 16 * 2**20
+#: ... and at this many rows (pairs, for a pairwise reduction) per batch element.
+CPU_STEP_UNITS = 2**14
 
 _local = threading.local()
 _UNITS = {
@@ -73,7 +75,8 @@ def memory_budget(nbytes):
 
     The budget is read when a reduction is *traced*: put the context around the call that traces
     (``jax.jit(f)(x)``, ``jax.grad(f)(x)``, a model's ``apply``), also when the call happens
-    inside another library.
+    inside another library. A function JAX has already traced and cached (a ``jax.jit`` called
+    before with the same shapes) keeps the budget it was traced with.
 
     Args:
       nbytes: a positive int, or a string such as ``"64MB"``, ``"512KiB"``, ``"1GB"``.
@@ -102,4 +105,11 @@ def current_budget() -> int:
     return DEFAULT_BUDGET if budget is None else budget
 
 
-__all__ = ["CPU_STEP_BYTES", "DEFAULT_BUDGET", "current_budget", "memory_budget", "parse_bytes"]
+__all__ = [
+    "CPU_STEP_BYTES",
+    "CPU_STEP_UNITS",
+    "DEFAULT_BUDGET",
+    "current_budget",
+    "memory_budget",
+    "parse_bytes",
+]

@@ -33,7 +33,7 @@ from .._monoid import _take
 #: Tile heights are powers of two up to this.
 MAX_TILE = 2048
 #: Rows of y per block of a dense plan (the innermost, vectorised axis).
-DENSE_BJ = 128
+DENSE_BJ = 64
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental.hijax import ShapedArray, VJPHiPrimitive, Zero
 
 from .. import _shard
-from ._budget import CPU_STEP_BYTES, DEFAULT_BUDGET
+from ._budget import CPU_STEP_BYTES, CPU_STEP_UNITS, DEFAULT_BUDGET
 from ._plan import PlanSpec, make_plan
 
 # ----------------------------------------------------------------------------------------------
@@ -84,6 +84,13 @@ def _aval(x):
 
 def _is_float(aval) -> bool:
     return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _zero_tangent(aval):
+    """The tangent of an output nothing perturbs: zeros (``float0`` for integer outputs)."""
+    if _is_float(aval):
+        return jnp.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
 
 
 def _is_zero(t) -> bool:
@@ -137,21 +144,60 @@ def _index(spec, index):
     return (index,) if getattr(spec.monoid, "needs_index", False) else ()
 
 
-def _jaxpr_bytes(jaxpr) -> int:
-    """Bytes of every value a jaxpr (and the jaxprs inside it) computes: an upper bound on
-    what one step keeps live."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        for v in eqn.outvars:
-            aval = v.aval
-            if hasattr(aval, "shape") and hasattr(aval, "dtype"):
-                total += math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
-        for p in eqn.params.values():
-            for sub in p if isinstance(p, tuple | list) else (p,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    total += _jaxpr_bytes(inner)
-    return total
+def _nbytes(aval) -> int:
+    if not (hasattr(aval, "shape") and hasattr(aval, "dtype")):
+        return 0
+    return math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+
+
+def _subjaxprs(eqn):
+    for p in eqn.params.values():
+        for sub in p if isinstance(p, tuple | list) else (p,):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
+#: Primitives XLA fuses into their consumers: their results are not counted as buffers.
+_FUSED = frozenset(
+    {
+        *("abs", "add", "and", "broadcast_in_dim", "convert_element_type", "copy", "copy_p"),
+        *("cos", "div", "eq", "exp", "exp2", "expand_dims", "ge", "gt", "imag", "integer_pow"),
+        *("is_finite", "le", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne"),
+        *("neg", "not", "or", "pjit", "pow", "real", "reshape", "rsqrt", "select_n", "sign"),
+        *("sin", "sqrt", "square", "squeeze", "sub", "tanh"),
+    }
+)
+
+
+def _peak_bytes(jaxpr) -> int:
+    """The most bytes a jaxpr keeps live at once (inputs excluded): a value is live from its
+    equation to its last use. Elementwise results are taken as fused into their consumers (as
+    XLA does), unless the jaxpr returns them."""
+    is_var = lambda v: not hasattr(v, "val")  # noqa: E731
+    last = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if is_var(v):
+                last[v] = i
+    for v in jaxpr.outvars:
+        if is_var(v):
+            last[v] = len(jaxpr.eqns)
+    live, peak, sizes = 0, 0, {}
+    outs = {v for v in jaxpr.outvars if is_var(v)}
+    for i, eqn in enumerate(jaxpr.eqns):
+        inner = max((_peak_bytes(sub) for sub in _subjaxprs(eqn)), default=0)
+        fused = eqn.primitive.name in _FUSED
+        kept = [v for v in eqn.outvars if not fused or v in outs]
+        out = sum(_nbytes(v.aval) for v in kept)
+        peak = max(peak, live + out + inner)
+        for v in kept:
+            sizes[v] = _nbytes(v.aval)
+            live += sizes[v]
+        for v in [*eqn.invars, *eqn.outvars]:
+            if is_var(v) and last.get(v, -1) <= i and v in sizes:
+                live -= sizes.pop(v)
+    return peak
 
 
 def unit_bytes(spec, avals) -> float:
@@ -168,7 +214,7 @@ def unit_bytes(spec, avals) -> float:
         ins = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(probe))
         _, tt, r = _probe_grid(spec.plan.kind, g, t)
         units = g * tt if spec.plan.kind == "dense" else r
-        return _jaxpr_bytes(jaxpr) + ins, units
+        return _peak_bytes(jaxpr) + ins, units
 
     (b0, u0), (b1, u1) = measure(*small), measure(*big)
     return max((b1 - b0) / (u1 - u0), 1.0)
@@ -179,8 +225,11 @@ def plan_units(spec, avals) -> int:
     capped on CPU at a cache-friendly step size; a power of two."""
     if spec.plan.chunk is not None:
         return 0
-    step = spec.budget if jax.default_backend() != "cpu" else min(spec.budget, CPU_STEP_BYTES)
+    cpu = jax.default_backend() == "cpu"
+    step = min(spec.budget, CPU_STEP_BYTES) if cpu else spec.budget
     units = step / (unit_bytes(spec, avals) * spec.scale)
+    if cpu:
+        units = min(units, CPU_STEP_UNITS)
     return 1 << max(0, math.floor(math.log2(max(units, 1))))
 
 
@@ -446,7 +495,7 @@ class _Rules(VJPHiPrimitive):
             not _is_zero(t) and _is_float(_aval(p)) for t, p in zip(flat_t, flat_p, strict=True)
         )
         if not any(nz):
-            return jax.tree.map(lambda a: Zero(a.to_tangent_aval()), self.out_aval)
+            return jax.tree.map(_zero_tangent, self.out_aval)
         nc, ns, _ = self._counts()
         dc, ds, dr = _parts(flat_t, nz, nc, ns)
         derived = self.derive("jvp", self._shape(nz))
@@ -455,8 +504,7 @@ class _Rules(VJPHiPrimitive):
             return t
         it = iter(t[0])
         slot = tuple(
-            next(it).astype(a.dtype) if _is_float(a) else Zero(a.to_tangent_aval())
-            for a in self.out_aval[0]
+            next(it).astype(a.dtype) if _is_float(a) else _zero_tangent(a) for a in self.out_aval[0]
         )
         return (slot, (), ())
 
@@ -712,8 +760,10 @@ class Batched(_Rules):
         return self.inner.prepare_slot_cotangents(g_slot)
 
     def finish_cotangents(self, args, cts):
-        """Cotangents of arguments that are not batched: summed over the batch."""
+        """The inner fold's finishing (per batch element), then the cotangents of arguments
+        that are not batched here summed over the batch."""
         dims = self.dims[1:]
+        cts = jax.vmap(self.inner.finish_cotangents, in_axes=(self.dims, 0))(args, cts)
         return tuple(
             [
                 c if c is None or d is not None else jnp.sum(c, axis=0)
