@@ -1,8 +1,9 @@
 """foldax: reductions for JAX that never materialize their intermediate.
 
 Segment (ragged) reductions, KeOps-style pairwise reductions and S4's kernels, computed as a
-streamed fold of a monoid over chunks of a lazily computed axis, with custom VJPs whose backward
-pass is itself a streamed fold; on a device mesh, each device folds its own rows and the small
+streamed fold of a monoid over chunks of a lazily computed axis: one JAX primitive whose every
+derivative (reverse, forward, higher order) is itself a streamed fold, planned after every
+transformation from a memory budget; on a device mesh, each device folds its own rows and the small
 states are all-reduced. See the README and ``docs/`` for the story; ``foldax.memory`` measures
 it and ``foldax bench`` reproduces the numbers.
 """

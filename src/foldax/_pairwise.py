@@ -1,12 +1,9 @@
 """Pairwise reductions ``out[i] = reduce_j kernel(x[i], y[j])`` in tiles, KeOps-style.
 
-The ``(M, N)`` matrix of kernel values is never formed: an outer ``lax.scan`` walks blocks of
-``bi`` rows of ``x``, an inner ``lax.scan`` folds blocks of ``bj`` rows of ``y`` into a monoid
-state per row of ``x``. The custom VJP's backward pass is the same double loop, recomputing each
-tile under ``jax.vjp``. Memory is ``O(bi * bj + M + N)``, forward and backward.
-
-Blocks are read with a clamped start (``min(t * b, size - b)``) and an *own* mask, so ``M`` and
-``N`` need not be multiples of the block sizes and nothing is padded or copied.
+The ``(M, N)`` matrix of kernel values is never formed: one engine fold (:mod:`foldax._engine`)
+walks blocks of ``bi`` rows of ``x`` by ``bj`` rows of ``y``, folding each tile into a monoid
+state per row of ``x``; every derivative is another such fold, recomputing each tile. Memory is
+``O(bi * bj + M + N)``, forward, backward and forward-mode.
 """
 
 from __future__ import annotations
@@ -511,9 +508,10 @@ def pairwise_reduce(
         ``"kmin"`` (the ``k`` smallest) or ``"softmax"`` (softmax-weighted sum of values:
         exact attention). Static.
       k: static int, ``0 < k <= N``, for ``"kmin"`` only.
-      block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile (default
-        ``bj = 128`` and ``bi * bj ~ 16384``). Under an outer ``vmap`` a tile is that many
-        kernel values per batch element.
+      block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile, per
+        element of an enclosing ``vmap`` (default: chosen when the computation is compiled, from
+        the memory budget and the batch of every enclosing ``vmap``; see
+        :func:`foldax.memory_budget`).
       axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) over which the rows of
         ``y`` are split; ``y`` is this device's share, ``x`` must be the same on every device
         along it, and the states are all-reduced (indices are global). Under ``jax.jit``,
@@ -526,9 +524,10 @@ def pairwise_reduce(
       for ``"kmin"`` a pair ``(values (M, k), indices (M, k) int32)``, ascending, ties by the
       lower index, NaN last (like ``np.argsort(kind="stable")``).
 
-    Memory: ``O(bi * bj + M + N)`` temp, forward and backward. Custom VJP: the backward pass saves
-    the inputs and an ``(M, ...)`` summary (e.g. the log-sum-exp), and recomputes every tile under
-    ``jax.vjp``; gradients reach ``x``, ``y`` and the arrays ``kernel`` closes over.
+    Memory: ``O(bi * bj + M + N)`` temp, forward and backward. Derivatives (``jax.grad``,
+    ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) are streamed folds too: they save the inputs and
+    an ``(M, ...)`` summary (e.g. the log-sum-exp) and recompute every tile; they reach ``x``,
+    ``y`` and the arrays ``kernel`` closes over.
 
     Example:
       >>> import jax.numpy as jnp, foldax

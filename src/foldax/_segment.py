@@ -359,7 +359,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, per_row):
     ``fn`` is traced here for one row and replayed inside (``vmap`` ped), with the arrays it
     closes over passed in explicitly (``shard_map`` cannot close over arrays on Explicit axes).
     The ``shard_map`` leaves varying-axes typing off (``check_vma=False``): a replayed trace has
-    untyped constants; the fold's custom VJP follows the matching cotangent convention.
+    untyped constants; the fold's rules follow the matching cotangent convention.
     """
     split = P(axes or None)
     arrays = part.arrays()
@@ -434,8 +434,9 @@ def _doc(summary, math, returns, numerics, example, backward):
     Numerics:
       {numerics}
 
-    Memory: forward temp memory is ``O(chunk_size)``, independent of ``N``; ``fn(data)`` is
-    never materialized whole, also under ``vmap``. Custom VJP: {backward}
+    Memory: temp memory is ``O(chunk_size)``, independent of ``N`` and, under ``vmap``, of the
+    batch (steps shrink with it); ``fn(data)`` is never materialized whole. Derivatives
+    (``jax.grad``, ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) are streamed folds too: {backward}
 
     Example:
 {example}
@@ -443,12 +444,11 @@ def _doc(summary, math, returns, numerics, example, backward):
 
 
 _BWD_FOLD = (
-    "the backward pass saves only the inputs and an ``(S, ...)`` summary per segment, and "
-    "recomputes ``fn`` chunk by chunk in a second streamed fold; gradients reach ``data`` and "
-    "every array ``fn`` closes over."
+    "they save only the inputs and an ``(S, ...)`` summary per segment, and recompute ``fn`` "
+    "chunk by chunk; they reach ``data`` and every array ``fn`` closes over."
 )
 _BWD_NORM = (
-    "saves the inputs and the ``(S, ...)`` log-sum-exps; the backward pass folds one "
+    "they save the inputs and the ``(S, ...)`` log-sum-exps; the backward pass folds one "
     "per-segment sum of the cotangent, then recomputes ``fn`` chunk by chunk to pull it back."
 )
 _EX = """      >>> import jax.numpy as jnp, foldax

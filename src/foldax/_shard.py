@@ -14,7 +14,7 @@ Two ways in:
 Nothing of the reduced size ``N`` crosses devices: only ``(S, ...)`` states (forward) and the
 cotangents of replicated inputs (backward) are all-reduced.
 
-Cotangents. A custom VJP inside ``shard_map`` returns, for each input, the cotangent of *this
+Cotangents. A fold's backward rule inside ``shard_map`` returns, for each input, the cotangent of *this
 device's* contribution. With ``check_vma=True`` (the default) an input replicated along a mesh
 axis (model parameters, ``x`` of a pairwise reduction whose ``y`` is split) must get the whole
 cotangent, so it is ``psum``-ed along the axes the input's type does not vary on (closed-over

@@ -174,8 +174,8 @@ def cauchy(
         channels with a shared ``z``).
       conjugate: static; also add the conjugate-pole terms (S4 stores only ``N/2`` poles of
         conjugate pairs). Needs complex ``v`` and ``w``.
-      block_size: static int or pair: ``(L, N)`` tile per batch element (default: about
-        ``2**18`` kernel values per tile over the whole batch).
+      block_size: static int or pair: ``(L, N)`` tile per batch element (default: planned
+        from the memory budget over the whole batch, enclosing ``vmap`` s included).
       axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) splitting the poles
         ``N`` (``v``, ``w`` hold this device's); the sums are ``psum``-ed. Under ``jax.jit``,
         inputs split over the batch, ``L`` or ``N`` are distributed without it.
@@ -183,8 +183,8 @@ def cauchy(
     Returns:
       ``(*batch, L)``, the dtype of ``v / (z - w)``.
 
-    Memory: ``O(tile + (L + N) * batch)`` temp, forward and backward. Custom VJP: the backward pass
-    recomputes each tile; gradients for ``v``, ``z`` and ``w``.
+    Memory: ``O(tile + (L + N) * batch)`` temp, forward, backward and forward-mode (each a
+    streamed fold recomputing the tiles); derivatives for ``v``, ``z`` and ``w``.
 
     Example:
       >>> import jax.numpy as jnp, foldax

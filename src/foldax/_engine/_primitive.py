@@ -43,7 +43,7 @@ from jax import lax
 from jax.experimental.hijax import ShapedArray, VJPHiPrimitive, Zero
 
 from .. import _shard
-from ._budget import CPU_STEP_BYTES, CPU_STEP_UNITS, DEFAULT_BUDGET
+from ._budget import CPU_STEP, DEFAULT_BUDGET
 from ._plan import PlanSpec, make_plan
 
 # ----------------------------------------------------------------------------------------------
@@ -225,11 +225,11 @@ def plan_units(spec, avals) -> int:
     capped on CPU at a cache-friendly step size; a power of two."""
     if spec.plan.chunk is not None:
         return 0
-    cpu = jax.default_backend() == "cpu"
-    step = min(spec.budget, CPU_STEP_BYTES) if cpu else spec.budget
-    units = step / (unit_bytes(spec, avals) * spec.scale)
-    if cpu:
-        units = min(units, CPU_STEP_UNITS)
+    step, cap = spec.budget, math.inf
+    if jax.default_backend() == "cpu":
+        step_bytes, cap = CPU_STEP["pairs" if spec.plan.kind == "dense" else "rows"]
+        step = min(step, step_bytes)
+    units = min(step / (unit_bytes(spec, avals) * spec.scale), cap)
     return 1 << max(0, math.floor(math.log2(max(units, 1))))
 
 
