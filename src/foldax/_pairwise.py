@@ -375,7 +375,7 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=()):
     xi = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), x)
     yj = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), y)
     replay, consts = _shard.replayable(kernel, xi, yj)
-    tile, monoid = _tile_fn(lambda a, b, *c: replay(c)(a, b), tuple(consts), xi, yj, monoid)
+    tile, monoid, cols = _tile_fn(lambda a, b, *c: replay(c)(a, b), tuple(consts), xi, yj, monoid)
     x_leaves, x_tree = jax.tree.flatten(x)
     y_leaves, y_tree = jax.tree.flatten(y)
 
@@ -383,19 +383,19 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=()):
         xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
         return tile(consts, xb, yb), (), ()
 
-    plan = _engine.PlanSpec("dense", n, m, None, block)
+    plan = _engine.PlanSpec("dense", n, m, None, block, row_axis=-1 if cols else 0)
     spec = _engine.Spec(
         plan, body, monoid, _engine.current_budget(), axes=axes, ring=ring, name=name
     )
-    # y is walked transposed (rows last): one O(N) copy, made once per call.
-    cols = [jnp.moveaxis(a, 0, -1) for a in y_leaves]
-    outs, _, _ = _engine.fold(spec, (), tuple(consts), x_leaves, cols)
+    # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
+    rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves
+    outs, _, _ = _engine.fold(spec, (), tuple(consts), x_leaves, rows)
     return monoid.result(outs)
 
 
 def _tile_fn(conv, consts, xi, yj, monoid):
-    """``(tile, monoid)``: ``tile(consts, xb, yb)`` the kernel values ``(bi, bj, *F)`` of a block
-    of ``x`` (rows first) and one of ``y`` (rows last).
+    """``(tile, monoid, cols)``: ``tile(consts, xb, yb)`` the kernel values ``(bi, bj, *F)`` of a
+    block of ``x`` (rows first) and one of ``y`` (rows last if ``cols``, else first).
 
     ``y`` holds its rows along the *last* axis (``(*f, bj)``), so the kernel's feature axes (e.g.
     ``D`` of a distance) are outer and ``j`` is the innermost, contiguous axis of every
@@ -422,12 +422,10 @@ def _tile_fn(conv, consts, xi, yj, monoid):
 
     def tile(c, xb, yb):
         pair = lambda a, b: conv(a, b, *c)  # noqa: E731
-        bi = jax.tree.leaves(xb)[0].shape[0]
-        bj = jax.tree.leaves(yb)[0].shape[-1]
-        if contracts:
-            yr = jax.tree.map(lambda a: jnp.moveaxis(a, -1, 0), yb)
+        if contracts:  # y's rows first: no transpose
             out_axes = (0, None) if shared else 0
-            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=out_axes)(xb, yr)
+            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=out_axes)(xb, yb)
+        bi, bj = jax.tree.leaves(xb)[0].shape[0], jax.tree.leaves(yb)[0].shape[-1]
         # Both operands broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
         # axis for both: JAX's batching rules keep batch axes where they are when all operands
         # agree, so every intermediate is (bi, *f, bj) and the innermost axis is j.
@@ -435,7 +433,7 @@ def _tile_fn(conv, consts, xi, yj, monoid):
         ys = jax.tree.map(lambda a: jnp.broadcast_to(a[None], (bi, *a.shape)), yb)
         return jax.vmap(jax.vmap(pair, (-1, -1)), (0, 0))(xs, ys)
 
-    return tile, monoid
+    return tile, monoid, not contracts
 
 
 def _row_avals(tree):

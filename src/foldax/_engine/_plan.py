@@ -10,7 +10,8 @@ rows, a mask saying which cells count, and the rows it reads. Three kinds:
 * ``"rows"`` -- arbitrary ``segment_ids`` (:class:`RowPlan`): ``C`` consecutive rows as ``C``
   one-row tiles, scattered by id (what ``jax.ops.segment_*`` does, chunked).
 * ``"dense"`` -- every row meets every slot (:class:`BlockPlan`): blocks of ``bi`` slots by
-  ``bj`` rows, walked ``j``-fastest.
+  ``bj`` rows, walked ``j``-fastest; the engine carries one block of slot states through the
+  ``j`` loop and writes it back once.
 
 Reads use a clamped start (``min(start, n - width)``) and a mask, so nothing is padded or copied.
 The static :class:`PlanSpec` is fixed when a reduction is called; the step sizes are chosen when
@@ -44,6 +45,8 @@ class PlanSpec:
     heights that waste at most ~4% of rows on partial tiles, largest first, with the (exact, or
     on a mesh the largest over devices) number of tiles each gives. ``None`` for traced sizes.
     ``chunk``: explicit rows per step (``int``) or ``(bi, bj)`` (dense); ``None`` = from budget.
+    ``row_axis``: the axis of the rows in the ``rows`` arrays: 0, or -1 (dense plans only: a
+    pairwise reduction may walk ``y`` transposed).
     """
 
     kind: str
@@ -51,6 +54,7 @@ class PlanSpec:
     num_slots: int
     tilings: tuple | None = None
     chunk: Any = None
+    row_axis: int = 0
 
 
 def static_tilings(n, shares) -> tuple:
@@ -99,7 +103,8 @@ def make_plan(spec: PlanSpec, arrays, units: int, first=0):
     else:
         bj = min(spec.n, DENSE_BJ)
         bi = max(1, units // bj)
-    return BlockPlan(spec.num_slots, spec.n, min(bi, spec.num_slots), min(bj, spec.n), first)
+    bi, bj = min(bi, spec.num_slots), min(bj, spec.n)
+    return BlockPlan(spec.num_slots, spec.n, bi, bj, first, spec.row_axis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,16 +232,16 @@ class RowPlan:
 class BlockPlan:
     """Every row meets every slot: blocks of ``bi`` slots by ``bj`` rows, ``j`` fastest.
 
-    The rows are read along their *last* axis (a pairwise reduction walks ``y`` transposed, see
-    :mod:`foldax._pairwise`); ``first`` is the global index of row 0 (a device's offset).
+    The rows are read along ``row_axis`` (0, or -1 when a pairwise reduction walks ``y``
+    transposed, see :mod:`foldax._pairwise`); ``first`` is the global index of row 0 (a device's
+    offset).
     """
 
-    row_axis = -1
-
-    def __init__(self, m, n, bi, bj, first=0):
+    def __init__(self, m, n, bi, bj, first=0, row_axis=-1):
         self.m, self.n, self.bi, self.bj, self.first = m, n, bi, bj, first
-        self.steps_j = -(-n // bj)
-        self.steps = -(-m // bi) * self.steps_j
+        self.row_axis = row_axis
+        self.steps_i, self.steps_j = -(-m // bi), -(-n // bj)
+        self.steps = self.steps_i * self.steps_j
         self.group, self.tile = bi, bj
 
     @staticmethod
@@ -247,21 +252,26 @@ class BlockPlan:
     def load(self, rows, t):
         si, own_i = self._block(t // self.steps_j, self.m, self.bi)
         sj, own_j = self._block(t % self.steps_j, self.n, self.bj)
-        rows = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, sj, self.bj, a.ndim - 1), rows)
+        rows = jax.tree.map(
+            lambda a: lax.dynamic_slice_in_dim(a, sj, self.bj, self.row_axis % a.ndim), rows
+        )
         index = self.first + sj + jnp.arange(self.bj, dtype=jnp.int32)
         return Step(rows, si, own_i[:, None] & own_j[None, :], sj, own_j, index)
 
     def gather(self, slots, si):
         return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, si, self.bi), slots)
 
-    def merge(self, monoid, carry, si, st):
-        old = self.gather(carry, si)
-        new = monoid.combine(old, st) if monoid is not None else jax.tree.map(jnp.add, old, st)
-        return jax.tree.map(lambda c, b: lax.dynamic_update_slice_in_dim(c, b, si, 0), carry, new)
+    def block_start(self, ti):
+        """The first slot of block ``ti`` (the engine carries one block's states at a time)."""
+        return self._block(ti, self.m, self.bi)[0]
+
+    def put(self, carry, si, block):
+        """Write a block's states back into the slots' carry."""
+        return jax.tree.map(lambda c, b: lax.dynamic_update_slice_in_dim(c, b, si, 0), carry, block)
 
     def store(self, buf, sj, vals, own):
-        ax = buf.ndim - 1
-        vals = jnp.where(own, vals, jnp.zeros((), vals.dtype))
+        ax = self.row_axis % buf.ndim
+        vals = jnp.where(_rows_mask(own, vals, ax), vals, jnp.zeros((), vals.dtype))
         old = lax.dynamic_slice_in_dim(buf, sj, self.bj, ax)
         return lax.dynamic_update_slice_in_dim(buf, old + vals, sj, ax)
 
@@ -270,8 +280,8 @@ class BlockPlan:
 
 
 def _rows_mask(own, like, axis):
-    """Broadcast a per-row mask ``(R,)`` against ``like`` whose rows are on ``axis`` (0)."""
-    return own.reshape((-1,) + (1,) * (like.ndim - 1))
+    """Broadcast a per-row mask ``(R,)`` against ``like`` whose rows are on ``axis``."""
+    return own.reshape((-1,) + (1,) * (like.ndim - 1 - axis))
 
 
 __all__ = ["BlockPlan", "PlanSpec", "RowPlan", "Step", "TilePlan", "make_plan", "static_tilings"]

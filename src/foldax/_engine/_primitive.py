@@ -116,12 +116,14 @@ def _probe_avals(spec, avals, g, t):
     _, consts, slots, rows = avals
     g, t, r = _probe_grid(spec.plan.kind, g, t)
     tile_slots = tuple(_shaped(a, (g, *a.shape[1:])) for a in slots)
-    if spec.plan.kind == "dense":
-        chunk = tuple(_shaped(a, (*a.shape[:-1], r)) for a in rows)
-    else:
-        chunk = tuple(_shaped(a, (r, *a.shape[1:])) for a in rows)
+    chunk = tuple(_shaped(a, _with_rows(a.shape, spec.plan.row_axis, r)) for a in rows)
     consts = tuple(_shaped(a, a.shape) for a in consts)
     return consts, tile_slots, chunk, ShapedArray((g, t), jnp.bool_), ShapedArray((t,), jnp.int32)
+
+
+def _with_rows(shape, row_axis, r):
+    """``shape`` with its rows axis (``row_axis``: 0 or -1) of size ``r``."""
+    return (*shape[:-1], r) if row_axis == -1 else (r, *shape[1:])
 
 
 def _shaped(aval, shape):
@@ -248,10 +250,7 @@ def _out_avals(spec, avals):
         slot = jax.eval_shape(lambda: _finish(spec, spec.monoid.init_aval(num, row), row))
     else:
         slot = tuple(sds((num, *a.shape[1:]), a.dtype) for a in vals)
-    if spec.plan.kind == "dense":
-        rowo = tuple(sds((*a.shape[:-1], n), a.dtype) for a in rowvals)
-    else:
-        rowo = tuple(sds((n, *a.shape[1:]), a.dtype) for a in rowvals)
+    rowo = tuple(sds(_with_rows(a.shape, spec.plan.row_axis, n), a.dtype) for a in rowvals)
     shaped = lambda a: ShapedArray(a.shape, a.dtype)  # noqa: E731
     return jax.tree.map(shaped, (tuple(slot), tuple(tots), rowo))
 
@@ -292,14 +291,19 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
     tot0 = tuple(jnp.zeros(a.shape, a.dtype) for a in out_avals[1])
     buf0 = tuple(plan0.blank(a.shape, a.dtype, spec.fill) for a in out_avals[2])
 
-    def step(plan, rows, carry_t, _):
+    def step(plan, rows, carry_t, _, block=False):
+        """One tile: its values folded into the slot states (all of them, or with ``block``
+        the states of the dense plan's current block of slots), sums and row buffers."""
         (st, tot, bufs), t = carry_t
         s = plan.load(rows, t)
         tile_slots = plan.gather(slots, s.slots)
         vals, tots, rowvals = spec.body(consts, tile_slots, s.rows, s.mask, s.index)
         if mon is not None:
             vals = mon.reduce(vals, s.mask, *_index(spec, s.index))
-        st = plan.merge(mon, st, s.slots, vals)
+        if block:
+            st = mon.combine(st, vals) if mon is not None else jax.tree.map(jnp.add, st, vals)
+        else:
+            st = plan.merge(mon, st, s.slots, vals)
         tot = tuple(a + b for a, b in zip(tot, tots, strict=True))
         bufs = tuple(plan.store(b, s.at, v, s.own) for b, v in zip(bufs, rowvals, strict=True))
         return (_shard.to_varying((st, tot, bufs), axes, skip=(1,)), t + 1), None
@@ -308,17 +312,32 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
         # The step counter is carried (an ``xs`` of step indices would be an array as long as
         # the number of steps, which for a dense plan grows like M * N).
         plan = make_plan(spec.plan, arrays, units, first)
-        init = (carry, jnp.zeros((), jnp.int32))
-        body = lambda c, x: step(plan, rows, c, x)  # noqa: E731
-        return lax.scan(body, init, None, length=plan.steps)[0][0]
+        zero = jnp.zeros((), jnp.int32)
+        if spec.plan.kind != "dense":
+            body = lambda c, x: step(plan, rows, c, x)  # noqa: E731
+            return lax.scan(body, (carry, zero), None, length=plan.steps)[0][0]
+
+        def outer(c, _):  # one block of slots: its states carried through the j loop
+            (st, tot, bufs), ti = c
+            si = plan.block_start(ti)
+            init = ((plan.gather(st, si), tot, bufs), ti * plan.steps_j)
+            inner = lambda c2, x: step(plan, rows, c2, x, block=True)  # noqa: E731
+            (st_b, tot, bufs), _ = lax.scan(inner, init, None, length=plan.steps_j)[0]
+            st = _shard.to_varying(plan.put(st, si, st_b), axes)
+            return ((st, tot, bufs), ti + 1), None
+
+        return lax.scan(outer, (carry, zero), None, length=plan.steps_i)[0][0]
 
     carry = _shard.to_varying((slot0, tot0, buf0), axes, skip=(1,))
     if axes and _shard.types_checked(axes):
         # The sums over every row (tots) are typed as the body makes them: complete on every
         # device where the body sums over devices itself (a replicated parameter's cotangent).
-        one = lambda c: step(plan0, rows, (c, jnp.zeros((), jnp.int32)), None)[0][0]  # noqa: E731
-        typed = jax.make_jaxpr(one)(carry).out_avals
-        carry = _shard.like(carry, jax.tree.unflatten(jax.tree.structure(carry), typed))
+        block = spec.plan.kind == "dense"
+        probe = (plan0.gather(carry[0], 0) if block else carry[0], *carry[1:])
+        one = lambda c: step(plan0, rows, (c, jnp.zeros((), jnp.int32)), None, block)[0][0]  # noqa: E731
+        typed = jax.make_jaxpr(one)(probe).out_avals
+        typed = jax.tree.unflatten(jax.tree.structure(probe), typed)
+        carry = (carry[0], _shard.like(carry[1], typed[1]), carry[2])
     if not spec.ring:
         st, tot, bufs = sweep(carry, rows, first)
     else:
@@ -375,10 +394,10 @@ def _rows_own(kind, mask):
     return jnp.any(mask, axis=0) if kind == "dense" else mask.reshape(-1)
 
 
-def _mask_rows(kind, own, a):
-    if kind == "dense":
-        return jnp.where(own, a, jnp.zeros((), a.dtype))
-    return jnp.where(own.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros((), a.dtype))
+def _mask_rows(row_axis, own, a):
+    """``a`` (rows on ``row_axis``) zeroed on the rows a step does not own."""
+    shape = (-1,) + (1,) * (a.ndim - 1) if row_axis == 0 else (-1,)
+    return jnp.where(own.reshape(shape), a, jnp.zeros((), a.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,7 +464,8 @@ def _vjp_body(parent: Spec, shape: Shape, out_avals):
             )
             out, pull = jax.vjp(f, *nz_primals)
             own = _rows_own(kind, mask)
-            given_flat = iter([*g_slot, *g_tot, *(_mask_rows(kind, own, a) for a in g_row)])
+            axis = parent.plan.row_axis
+            given_flat = iter([*g_slot, *g_tot, *(_mask_rows(axis, own, a) for a in g_row)])
             leaves, tree = jax.tree.flatten(out)
             ct = jax.tree.unflatten(
                 tree,
@@ -455,18 +475,18 @@ def _vjp_body(parent: Spec, shape: Shape, out_avals):
                 ],
             )
             ct = _shard.like(ct, out)
-        ct_c, ct_s, ct_r = _unflag(pull(ct), shape)
+        ct_c, ct_s, ct_r = _unflag(pull(ct), shape.nz, shape.nc, shape.ns)
         return tuple(ct_s), tuple(ct_c), tuple(ct_r)
 
     return body
 
 
-def _unflag(cts, shape):
-    """The pulled-back cotangents (flagged leaves only) split into consts, slots, rows."""
-    nz = shape.nz
-    a = sum(nz[: shape.nc])
-    b = a + sum(nz[shape.nc : shape.nc + shape.ns])
-    return cts[:a], cts[a:b], cts[b:]
+def _unflag(picked, nz, nc, ns):
+    """Flagged leaves of ``consts + slots + rows`` (``nz``: flags over all of them), split back
+    into the three."""
+    a = sum(nz[:nc])
+    b = a + sum(nz[nc : nc + ns])
+    return picked[:a], picked[a:b], picked[b:]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -613,9 +633,7 @@ def _accumulate(accums, cts):
 
 def _parts(flat, nz, nc, ns):
     """The flagged leaves of ``consts + slots + rows``, split back into the three."""
-    picked = _pick(flat, nz)
-    a, b = sum(nz[:nc]), sum(nz[:nc]) + sum(nz[nc : nc + ns])
-    return picked[:a], picked[a:b], picked[b:]
+    return _unflag(_pick(flat, nz), nz, nc, ns)
 
 
 def _args(arrays, consts, slots, rows):
