@@ -1,6 +1,8 @@
 """The one streamed fold: plans (:mod:`._plan`), the memory budget (:mod:`._budget`) and the
 primitive with its batching and differentiation rules (:mod:`._primitive`)."""
 
+import jax
+
 from ._budget import current_budget as current_budget
 from ._budget import memory_budget as memory_budget
 from ._plan import PlanSpec as PlanSpec
@@ -12,7 +14,5 @@ from ._primitive import unit_bytes as unit_bytes
 
 def fold(spec, arrays, consts, slots, rows):
     """Run the fold ``spec`` on four tuples of arrays; returns ``(slot outs, tots, row outs)``."""
-    import jax
-
     args = (tuple(arrays), tuple(consts), tuple(slots), tuple(rows))
     return Fold(spec, jax.tree.map(jax.typeof, args))(*args)
