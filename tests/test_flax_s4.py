@@ -2,7 +2,6 @@
 ``foldax.cauchy`` on ``(N,)`` arrays): at default settings its training step needs about the
 memory of the same step with the Cauchy sum replaced by an O(L + N) stand-in."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,14 +31,3 @@ def test_training_step_memory_near_the_stand_in(n, ratio):
     naive = _temp(flax_s4.cauchy_naive, n)
     assert got <= ratio * floor, (got, floor)
     assert got * 10 < naive, (got, naive)
-
-
-def test_example_smoke_run():
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "flax_s4.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "foldax.cauchy (defaults)" in proc.stdout
