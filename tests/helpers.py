@@ -35,12 +35,16 @@ def tol(dtype) -> dict[str, float]:
 
 
 def assert_allclose(actual, desired, *, dtype, scale=1.0, err_msg=""):
-    """``actual`` (any array) against ``desired`` with the tolerance of ``dtype``.
+    """``actual`` (any array, complex ones by real and imaginary part) against ``desired`` with
+    the tolerance of ``dtype``.
 
     NaNs must match NaNs and infinities must match infinities of the same sign, exactly.
     ``scale`` is the magnitude of the inputs the result was computed from (see :data:`TOL`).
     """
     t = tol(dtype)
+    if np.iscomplexobj(actual) or np.iscomplexobj(desired):  # real and imaginary parts
+        actual, desired = (np.asarray(a, np.complex128) for a in (actual, desired))
+        actual, desired = (np.stack([a.real, a.imag], -1) for a in (actual, desired))
     actual = np.asarray(actual, dtype=np.float64)
     desired = np.asarray(desired, dtype=np.float64)
     assert actual.shape == desired.shape, f"shape {actual.shape} != {desired.shape}. {err_msg}"

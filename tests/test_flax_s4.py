@@ -25,9 +25,9 @@ def _temp(cauchy, n):
     return report(step, params, xs, ys).temp_bytes
 
 
-@pytest.mark.parametrize(("n", "ratio"), [(64, 1.15), (256, 1.2)])
-def test_training_step_memory_near_the_stand_in(n, ratio):
+@pytest.mark.parametrize("n", [64, 256])
+def test_training_step_memory_near_the_stand_in(n):
     got, floor = _temp(foldax.cauchy, n), _temp(flax_s4.cauchy_stand_in, n)
     naive = _temp(flax_s4.cauchy_naive, n)
-    assert got <= ratio * floor, (got, floor)
+    assert got <= 1.15 * floor, (got, floor)
     assert got * 10 < naive, (got, naive)

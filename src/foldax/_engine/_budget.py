@@ -8,7 +8,7 @@ A step of the fold holds one chunk of rows (or one tile of pairs) and everything
   bounds the scratch memory whatever the outer batch is;
 * a per-backend step size: on CPU a step larger than the caches only costs memory, so steps stop
   growing at :data:`CPU_STEP` (8 MiB and 2^18 rows per batch element for a segment reduction,
-  16 MiB and 2^14 pairs for a pairwise one); on GPU the budget itself is the step size (fewer,
+  8 MiB and 2^14 pairs for a pairwise one); on GPU the budget itself is the step size (fewer,
   larger steps).
 """
 
@@ -23,7 +23,7 @@ DEFAULT_BUDGET = 16 * 2**20
 #: Steps on CPU stop growing (bytes over the batch, and rows or pairs per batch element) at these
 #: sizes, whatever the budget: a larger step only costs memory there. Keyed by plan: segment rows
 #: (tiles, rows) or pairs (dense).
-CPU_STEP = {"rows": (8 * 2**20, 2**18), "pairs": (16 * 2**20, 2**14)}
+CPU_STEP = {"rows": (8 * 2**20, 2**18), "pairs": (8 * 2**20, 2**14)}
 
 _local = threading.local()
 _UNITS = {

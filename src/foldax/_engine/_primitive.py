@@ -329,6 +329,8 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
         return lax.scan(outer, (carry, zero), None, length=plan.steps_i)[0][0]
 
     carry = _shard.to_varying((slot0, tot0, buf0), axes, skip=(1,))
+    if not axes:
+        carry = _not_before(carry, (consts, slots, rows))
     if axes and _shard.types_checked(axes):
         # The sums over every row (tots) are typed as the body makes them: complete on every
         # device where the body sums over devices itself (a replicated parameter's cotangent).
@@ -348,6 +350,31 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
     elif spec.slot_psum and spec.axes:
         st = tuple(lax.psum(a, spec.axes) for a in st)
     return tuple(st), tot, bufs
+
+
+def _not_before(carry, inputs):
+    """``carry`` made to depend on ``inputs`` (its values unchanged: ``x + -0.0 == x``).
+
+    A fold's initial states are constants; XLA:CPU's scheduler makes such buffers at the start
+    of the program, so the accumulators of every fold in a gradient (each as large as its
+    inputs) would be live at once, through everything computed before them. Adding a zero
+    whose sign XLA cannot know (it depends on the inputs' first elements) keeps each one from
+    being made before its fold's inputs exist."""
+    firsts = [
+        jnp.ravel(a)[0].real.astype(jnp.float32)
+        for a in jax.tree.leaves(inputs)
+        if a.size and jnp.issubdtype(a.dtype, jnp.inexact)
+    ]
+    if not firsts:
+        return carry
+    unknown = jnp.isnan(sum(firsts))
+
+    def zero_after(a):
+        if not jnp.issubdtype(a.dtype, jnp.inexact):
+            return a
+        return a + jnp.where(unknown, jnp.zeros((), a.dtype), -jnp.zeros((), a.dtype))
+
+    return jax.tree.map(zero_after, carry)
 
 
 def _around(ring, n, sweep, carry, rows):
