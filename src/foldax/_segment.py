@@ -681,7 +681,7 @@ _RED = "``(num_segments, *F)`` where ``F`` is the trailing shape of the values."
 _attach(
     segment_sum,
     "Per-segment sum of ``fn(data)`` (or ``data``), streamed.",
-    r"\\mathrm{out}_s = \\sum_{i \\in s} v_i",
+    r"\mathrm{out}_s = \sum_{i \in s} v_i",
     _RED,
     "an empty segment sums to 0. NaN or inf propagate to their segment only.",
     """      >>> foldax.segment_sum(x, sizes=[2, 0, 3])
@@ -691,7 +691,7 @@ _attach(
 _attach(
     segment_mean,
     "Per-segment mean of ``fn(data)`` (or ``data``), streamed.",
-    r"\\mathrm{out}_s = \\frac{1}{n_s} \\sum_{i \\in s} v_i",
+    r"\mathrm{out}_s = \frac{1}{n_s} \sum_{i \in s} v_i",
     _RED,
     "an empty segment gives NaN (0/0). NaN propagates to its segment only.",
     """      >>> foldax.segment_mean(x, sizes=[2, 0, 3])
@@ -701,7 +701,7 @@ _attach(
 _attach(
     segment_max,
     "Per-segment maximum of ``fn(data)`` (or ``data``), streamed.",
-    r"\\mathrm{out}_s = \\max_{i \\in s} v_i",
+    r"\mathrm{out}_s = \max_{i \in s} v_i",
     _RED,
     "an empty segment gives -inf (the dtype's minimum for integers). NaN propagates to its "
     "segment. The gradient is split evenly among tied maxima, like ``jnp.max``.",
@@ -712,7 +712,7 @@ _attach(
 _attach(
     segment_min,
     "Per-segment minimum of ``fn(data)`` (or ``data``), streamed.",
-    r"\\mathrm{out}_s = \\min_{i \\in s} v_i",
+    r"\mathrm{out}_s = \min_{i \in s} v_i",
     _RED,
     "an empty segment gives +inf (the dtype's maximum for integers). NaN propagates to its "
     "segment. The gradient is split evenly among tied minima, like ``jnp.min``.",
@@ -723,7 +723,7 @@ _attach(
 _attach(
     segment_logsumexp,
     "Per-segment log-sum-exp of ``fn(data)`` (or ``data``), each segment shifted by its own max.",
-    r"\\mathrm{out}_s = m_s + \\log \\sum_{i \\in s} e^{v_i - m_s},\\quad m_s = \\max_{i \\in s} v_i",
+    r"\mathrm{out}_s = m_s + \log \sum_{i \in s} e^{v_i - m_s},\quad m_s = \max_{i \in s} v_i",
     _RED,
     "an empty segment gives -inf; -inf entries contribute nothing; +inf gives +inf; NaN gives "
     "NaN for its segment only. Segments far below the others (e.g. by 1000) keep full "
@@ -736,7 +736,7 @@ _attach(
 _attach(
     segment_logmeanexp,
     "Per-segment log-mean-exp of ``fn(data)`` (or ``data``): ``logsumexp - log(size)``.",
-    r"\\mathrm{out}_s = \\log \\frac{1}{n_s} \\sum_{i \\in s} e^{v_i}",
+    r"\mathrm{out}_s = \log \frac{1}{n_s} \sum_{i \in s} e^{v_i}",
     _RED,
     "an empty segment gives NaN; otherwise as :func:`segment_logsumexp`.",
     """      >>> foldax.segment_logmeanexp(jnp.log(x), sizes=[2, 0, 3]).round(4)
@@ -747,7 +747,7 @@ _ROW = "``(N, *F)``: one value per row, like ``fn(data)``."
 _attach(
     segment_log_softmax,
     "Per-row log-softmax of ``fn(data)`` (or ``data``) within each segment.",
-    r"\\mathrm{out}_i = v_i - \\log \\sum_{j \\in s(i)} e^{v_j}",
+    r"\mathrm{out}_i = v_i - \log \sum_{j \in s(i)} e^{v_j}",
     _ROW,
     "rows whose segment id is out of range, and rows of a segment that is all -inf, give NaN. "
     "The result is written chunk by chunk; its temp memory does not grow with ``N``.",
@@ -760,7 +760,7 @@ _attach(
 _attach(
     segment_softmax,
     "Per-row softmax of ``fn(data)`` (or ``data``) within each segment.",
-    r"\\mathrm{out}_i = e^{v_i} / \\sum_{j \\in s(i)} e^{v_j}",
+    r"\mathrm{out}_i = e^{v_i} / \sum_{j \in s(i)} e^{v_j}",
     _ROW,
     "rows whose segment id is out of range, and rows of a segment that is all -inf, give NaN. "
     "Each segment's rows sum to 1.",
