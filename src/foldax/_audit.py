@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import math
 import os
 import re
 import tempfile
@@ -306,12 +307,16 @@ def audit(fn: Callable, *args: Any, top: int = 10, **kwargs: Any) -> AuditReport
 
 
 def _fit(sizes, values) -> float:
-    """Least-squares slope of log(values) against log(sizes) (0 when a value is 0)."""
+    """Least-squares slope of log(values) against log(sizes), over the sizes where the value is
+    not 0: 0 when it is 0 everywhere, ``inf`` when it is 0 at every size but the largest."""
     v = np.asarray(values, np.float64)
-    if np.any(v <= 0):
+    pos = v > 0
+    if not pos.any():
         return 0.0
-    x = np.log(np.asarray(sizes, np.float64))
-    return float(np.polyfit(x, np.log(v), 1)[0])
+    if pos.sum() < 2:
+        return math.inf if pos[-1] else 0.0
+    x = np.log(np.asarray(sizes, np.float64)[pos])
+    return float(np.polyfit(x, np.log(v[pos]), 1)[0])
 
 
 def scaling(

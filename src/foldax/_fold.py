@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _engine, _shard
-from ._monoid import LOGSUMEXP
+from ._monoid import LOGSUMEXP, _finite_or_zero
 
 #: ``fn`` is traced for blocks of this many rows (and for one row, for steps of other sizes).
 ROW_BLOCK = 8
@@ -70,8 +70,9 @@ def _tiles(v, mask):
     return v.reshape((*mask.shape, *v.shape[1:]))
 
 
-def fold(name, monoid, fn, data, plan, arrays, axes=()):
-    """Reduce ``fn(rows)`` (or the rows) into ``plan.num_slots`` monoid results ``(S, *F)``.
+def fold(name, monoid, fn, data, plan, arrays, axes=(), all_outputs=False):
+    """Reduce ``fn(rows)`` (or the rows) into ``plan.num_slots`` monoid results ``(S, *F)`` (with
+    ``all_outputs``, every output of the monoid, the result first).
 
     ``plan``: a :class:`foldax._engine.PlanSpec` over this device's rows, ``arrays`` its integer
     arrays. Inside ``shard_map`` with the rows split over ``axes``, the states are all-reduced.
@@ -84,7 +85,7 @@ def fold(name, monoid, fn, data, plan, arrays, axes=()):
 
     spec = _engine.Spec(plan, body, monoid, _engine.current_budget(), axes=axes, name=name)
     outs, _, _ = _engine.fold(spec, arrays, consts, (), jax.tree.leaves(data))
-    return outs[0]
+    return outs if all_outputs else outs[0]
 
 
 def normalize(name, fn, data, plan, arrays, log, axes=()):
@@ -94,28 +95,33 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     from it (rows in no segment, and rows of a segment whose log-sum-exp is -inf, are NaN). Their
     derivatives compose: the per-row fold's cotangent fold gives the log-sum-exps' cotangents
     (``-sum g * y`` per segment), which the first fold's pulls back through ``fn``.
+
+    The log-sum-exp enters as its max and log-sum apart (``(x - max) - log(sum)``, in float32 for
+    half-precision values), so the rows keep float32's relative precision for logits of any size.
     """
-    lse = fold(name, LOGSUMEXP, fn, data, plan, arrays, axes)
+    outs = fold(name, LOGSUMEXP, fn, data, plan, arrays, axes, all_outputs=True)
     f, consts = row_fn(fn, data, axes)
 
     def body(consts, slots, rows, mask, index):
         v = f(consts, rows)
-        (lse_t,) = slots
-        lse_r = jnp.repeat(lse_t, mask.shape[1], axis=0, total_repeat_length=v.shape[0])
-        z = v - lse_r
+        m_r, rel_r = (
+            jnp.repeat(a, mask.shape[1], axis=0, total_repeat_length=v.shape[0]) for a in slots
+        )
+        z = (v.astype(rel_r.dtype) - _finite_or_zero(m_r)) - rel_r
         # NaN rows (an all -inf segment, +inf or NaN values) and rows read but not owned by this
         # step (read against another segment's log-sum-exp) get no gradient: the cotangent of
         # the branch not taken is exactly 0.
         own = mask.reshape((-1,) + (1,) * (z.ndim - 1))
-        bad = jnp.isnan(z) | (lse_r == -np.inf) | ~own
+        bad = jnp.isnan(z) | (m_r == -np.inf) | ~own
         z = jnp.where(bad, jnp.zeros((), z.dtype), z)
         z = z if log else jnp.exp(z)
-        return (), (), (jnp.where(bad, jnp.asarray(np.nan, z.dtype), z),)
+        return (), (), (jnp.where(bad, jnp.asarray(np.nan, z.dtype), z).astype(v.dtype),)
 
     spec = _engine.Spec(
         plan, body, None, _engine.current_budget(), fill=np.nan, axes=axes, name=name
     )
-    _, _, (out,) = _engine.fold(spec, arrays, consts, (lse,), jax.tree.leaves(data))
+    slots = LOGSUMEXP.info(outs)
+    _, _, (out,) = _engine.fold(spec, arrays, consts, slots, jax.tree.leaves(data))
     return out
 
 

@@ -189,16 +189,30 @@ class Monoid:
             )
 
 
+def _accumulator(dtype):
+    """The dtype states are kept in: float32 for half-precision floats (float16 overflows at
+    65504 and bfloat16 stops adding 1 at 256, as ``jnp.sum`` knows), else the values' own."""
+    dtype = jnp.dtype(dtype)
+    return (
+        jnp.dtype(jnp.float32)
+        if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4
+        else dtype
+    )
+
+
 class Sum(Monoid):
+    """State: the sum, in float32 for half-precision values (the engine casts the result back to
+    the values' dtype)."""
+
     def __init__(self):
         super().__init__("sum", "number")
 
     def init(self, num, fshape, dtype):
-        return (jnp.zeros((num, *fshape), dtype),)
+        return (jnp.zeros((num, *fshape), _accumulator(dtype)),)
 
     def reduce(self, v, mask):
         masked = jnp.where(_tile_mask(mask, v), v, jnp.zeros((), v.dtype))
-        return (jnp.sum(masked, axis=1, dtype=v.dtype),)
+        return (jnp.sum(masked, axis=1, dtype=_accumulator(v.dtype)),)
 
     def combine(self, a, b):
         return (a[0] + b[0],)
@@ -213,13 +227,8 @@ class Sum(Monoid):
         return st[0]
 
     def row_cotangent(self, v, mask, info, g):
-        ct = jnp.broadcast_to(g[0][:, None], v.shape)
+        ct = jnp.broadcast_to(g[0][:, None].astype(v.dtype), v.shape)
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
-
-
-def _accumulator(dtype):
-    """Half-precision sums overflow (float16 tops out at 65504): accumulate them in float32."""
-    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
 
 
 class Mean(Monoid):
@@ -343,9 +352,16 @@ class Min(_Extremum):
 
 
 class LogSumExp(Monoid):
-    """State ``(m, s)``: the running max and ``sum(exp(x - shift(m)))``, ``shift(m) = m`` if finite else 0.
+    """State ``(m, s)``: the running max and ``sum(exp(x - shift(m)))``, ``shift(m) = m`` if finite
+    else 0, in float32 for half-precision values. With ``mean=True`` a row count is carried too and
+    the result is ``log(mean(exp(x)))``.
 
-    With ``mean=True`` a row count is carried too and the result is ``log(mean(exp(x)))``.
+    Outputs: the result, then the max ``m`` and ``log(s)`` kept apart (float32 for half values),
+    then the count for ``mean``. Derivatives read ``exp((x - m) - log(s))``: ``x - m`` is exact
+    where ``x`` is near the max, so the weights keep float32's relative precision for logits of any
+    size (``exp(x - result)`` with a result rounded near ``|x| ~ 1e5`` is off by ``~1e-3``). ``m``
+    and ``log(s)`` enter the derivatives as constants, the result as the variable (see ``info``),
+    so they carry no tangent of their own (zero) and take no cotangent.
     """
 
     def __init__(self, mean=False):
@@ -353,10 +369,12 @@ class LogSumExp(Monoid):
         object.__setattr__(self, "mean", mean)
 
     def init(self, num, fshape, dtype):
-        st = (jnp.full((num, *fshape), -np.inf, dtype), jnp.zeros((num, *fshape), dtype))
+        acc = _accumulator(dtype)
+        st = (jnp.full((num, *fshape), -np.inf, acc), jnp.zeros((num, *fshape), acc))
         return (*st, jnp.zeros((num,), jnp.int32)) if self.mean else st
 
     def reduce(self, v, mask):
+        v = v.astype(_accumulator(v.dtype))
         w = jnp.where(_tile_mask(mask, v), v, jnp.asarray(-np.inf, v.dtype))
         m = jnp.max(w, axis=1)
         s = jnp.sum(jnp.exp(w - _finite_or_zero(m)[:, None]), axis=1)
@@ -385,31 +403,49 @@ class LogSumExp(Monoid):
         return (m, s)
 
     def finalize(self, st):
-        out = _finite_or_zero(st[0]) + jnp.log(st[1])
-        if self.mean:
-            out = out - jnp.log(_expand(st[2], out.ndim).astype(out.dtype))
-        return out
+        return self.outputs(st)[0]
 
     @property
     def n_outputs(self):
-        return 2 if self.mean else 1
+        return 4 if self.mean else 3
 
     def outputs(self, st):
-        return (self.finalize(st), st[2]) if self.mean else (self.finalize(st),)
+        m, logs = st[0], jnp.log(st[1])
+        out = _finite_or_zero(m) + logs
+        if self.mean:
+            out = out - jnp.log(_expand(st[2], out.ndim).astype(out.dtype))
+            return (out, m, logs, st[2])
+        return (out, m, logs)
 
     def info(self, outputs):
-        # d out / d x = exp(x - logsumexp) in both cases (the log-count is a constant).
+        """``(shift, rel)`` with ``exp((x - shift) - rel) = exp(x - logsumexp)``: numerically
+        ``shift(m)`` and ``log(s)``; as a function, ``rel`` follows the log-sum-exp (the result,
+        plus the log-count for ``mean``), so second-order derivatives flow through it."""
+        out, m, logs = outputs[:3]
         if self.mean:
-            out, count = outputs
-            return (out + jnp.log(_expand(count, out.ndim).astype(out.dtype)),)
-        return (outputs[0],)
+            out = out + jnp.log(_expand(outputs[3], out.ndim).astype(out.dtype))
+        rel = lax.stop_gradient(logs) + (out - lax.stop_gradient(out)).astype(logs.dtype)
+        return (lax.stop_gradient(m), rel)
 
     def row_cotangent(self, v, mask, info, g):
-        (lse,) = info
-        lse_t = lse[:, None]
-        ok = _tile_mask(mask, v) & (lse_t > -np.inf)
-        w = jnp.exp(jnp.where(ok, v - lse_t, jnp.asarray(-np.inf, v.dtype)))
-        return g[0][:, None] * w
+        w = lse_weights(v, _tile_mask(mask, v), *(a[:, None] for a in info))
+        return (g[0][:, None].astype(w.dtype) * w).astype(v.dtype)
+
+    def tangent(self, v, dv, mask, info):
+        w = lse_weights(v, _tile_mask(mask, v), *(a[:, None] for a in info))
+        t = jnp.sum(w * dv.astype(w.dtype), axis=1)
+        zero = jnp.zeros_like(t)
+        return (t, zero, zero, *((None,) if self.mean else ()))
+
+
+def lse_weights(v, ok, m, rel):
+    """``exp((v - shift(m)) - rel)`` where ``ok`` and the max ``m`` is above -inf, else 0: the
+    weights ``exp(v - logsumexp)`` in the accumulation dtype, from a log-sum-exp kept as its max
+    and ``rel = log(sum(exp(v - shift(m))))`` (see :class:`LogSumExp`)."""
+    v = v.astype(rel.dtype)
+    ok = ok & (m > -np.inf)
+    z = jnp.where(ok, (v - _finite_or_zero(m)) - rel, jnp.asarray(-np.inf, rel.dtype))
+    return jnp.exp(z)
 
 
 SUM = Sum()

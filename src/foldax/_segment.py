@@ -185,6 +185,13 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted):
         num_segments = int(static.max()) + 1 if static.size else 0
     if num_segments == 0 or n == 0:
         return _Empty(num_segments)
+    if static is not None and indices_are_sorted and np.any(np.diff(static) < 0):
+        bad = int(np.flatnonzero(np.diff(static) < 0)[0])
+        raise ValueError(
+            f"{name}: indices_are_sorted=True, but segment_ids are not sorted (segment_ids[{bad}] "
+            f"= {static[bad]} > segment_ids[{bad + 1}] = {static[bad + 1]}); sort the rows by id, "
+            f"or leave indices_are_sorted out."
+        )
     if static is not None and (static.size < 2 or np.all(np.diff(static) >= 0)):
         # Known and sorted: contiguous segments, the fast tiled path.
         bounds = np.searchsorted(static, np.arange(num_segments + 1), side="left")
