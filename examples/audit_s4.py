@@ -35,3 +35,13 @@ def naive(n):
 
 def with_foldax(n):
     return _step(foldax.cauchy), _args(n)
+
+
+if __name__ == "__main__":  # python examples/audit_s4.py [--smoke]: the scaling table, small sizes
+    import sys
+
+    from foldax.memory import scaling
+
+    sizes = [8, 16] if "--smoke" in sys.argv else [64, 256, 512]
+    for make in (naive, with_foldax):
+        print(scaling(make, sizes, name="N"))

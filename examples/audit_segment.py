@@ -1,15 +1,14 @@
-"""Memory audit of the seed segment workload: ``foldax audit examples/audit_segment.py:global_max``.
+"""Memory audit of the ragged logsumexp: ``foldax audit examples/audit_segment.py:global_max``.
 
 ``global_max(n)`` / ``with_foldax(n)`` return ``(fn, args)``: the gradient, vmapped over 10 theta,
-of the per-segment log-mean-exp of the model over ``n`` rows in segments of the seed's sizes
-(tiled to ``n`` rows), for ``foldax audit`` / ``foldax.memory.scaling``.
+of the per-segment log-mean-exp of the model over ``n`` rows in the demo's 123 unequal
+segment sizes (tiled to ``n`` rows), for ``foldax audit`` / ``foldax.memory.scaling``.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import foldax
 from foldax import _workloads as w
 
 
@@ -39,4 +38,13 @@ def with_foldax(n):
     return _make(w.way_foldax, n)
 
 
-_ = foldax
+if (
+    __name__ == "__main__"
+):  # python examples/audit_segment.py [--smoke]: the scaling table, small sizes
+    import sys
+
+    from foldax.memory import scaling
+
+    sizes = [3000, 6000] if "--smoke" in sys.argv else [300000, 600000, 1200000]
+    for make in (global_max, with_foldax):
+        print(scaling(make, sizes, name="N"))

@@ -1,4 +1,4 @@
-"""The console entry points: `foldax demo` and `python -m foldax`."""
+"""The console entry points: `foldax demo`, `foldax audit`, `foldax bench`, `python -m foldax`."""
 
 import subprocess
 import sys
@@ -25,7 +25,7 @@ def test_unknown_command_is_an_error(capsys):
 def test_demo_runs_end_to_end():
     """`python -m foldax demo` prints the three ways, forward and gradient, with small errors."""
     out = subprocess.run(
-        [sys.executable, "-m", "foldax", "demo", "seed", "--repeats", "1"],
+        [sys.executable, "-m", "foldax", "demo", "ragged", "--repeats", "1"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -40,6 +40,7 @@ def test_demo_runs_end_to_end():
     for row in rows:
         assert float(row[-1]) < 1e-4, out  # max relative error against float64
     assert "less temp memory" in out
+    assert "time / global-max" in out and "(< 1: faster)" in out
 
 
 def test_s4_workload_small():
@@ -52,3 +53,119 @@ def test_s4_workload_small():
     for r in rows:
         assert r["rel_err"] < 1e-5, r
         assert r["temp_bytes"] >= 0
+
+
+@pytest.mark.parametrize("command", ["demo", "audit", "bench"])
+def test_help_shows_the_defaults(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        _cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "(default: " in out
+    for word in ("seed 00", "(report)"):
+        assert word not in out
+
+
+def test_demo_workload_names(capsys):
+    assert _cli._workload("ragged") == "ragged" and _cli._workload("seed") == "ragged"
+    with pytest.raises(SystemExit) as e:
+        _cli.main(["demo", "nope"])
+    assert e.value.code == 2
+    assert "choose ragged, s4 or all" in capsys.readouterr().err
+
+
+MAKE_TARGETS = """
+import jax.numpy as jnp
+
+def plain(a, b, c):
+    return a
+
+def not_a_pair(n):
+    return 3
+
+def raises(n):
+    raise ValueError("boom")
+
+def bad_program(n):
+    return (lambda x: jnp.dot(x, jnp.ones(3)), (jnp.ones(n),))
+
+def good(n):
+    return (lambda x: jnp.exp(x).sum(), (jnp.ones(n),))
+"""
+
+
+@pytest.fixture
+def targets(tmp_path):
+    path = tmp_path / "targets.py"
+    path.write_text(MAKE_TARGETS)
+    (tmp_path / "broken.py").write_text("x = (\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["T/targets.py:good", "--sizes", "64"], "--sizes needs at least two sizes"),
+        (["T/targets.py:good", "--sizes", "64,a"], "--sizes must be comma-separated whole numbers"),
+        (["T/targets.py:good", "--sizes", "0,8"], "--sizes must be distinct positive numbers"),
+        (
+            ["T/targets.py:plain"],
+            "cannot be called with one size; the target must be a function make(size) -> (fn, args)",
+        ),
+        (["T/targets.py:not_a_pair"], "returned int, not (fn, args)"),
+        (["T/targets.py:raises"], "raised ValueError: boom"),
+        (["T/targets.py:bad_program", "--sizes", "4,8"], "compiling fn(*args) from"),
+        (["T/targets.py:nothere"], "has no function 'nothere' (it has: bad_program, good"),
+        (["T/missing.py:f"], "no such file"),
+        (["T/targets.py"], "expected path/to/file.py:function"),
+        (["T/broken.py:f"], "importing T/broken.py failed: SyntaxError"),
+    ],
+)
+def test_audit_user_errors_are_one_line(targets, argv, message, capsys):
+    argv = [a.replace("T/", f"{targets}/") for a in argv]
+    assert _cli.main(["audit", *argv]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("foldax audit: ") and message.replace("T/", f"{targets}/") in err, err
+
+
+def test_audit_runs_a_good_target(targets, capsys):
+    assert _cli.main(["audit", f"{targets}/targets.py:good", "--sizes", "8,16"]) == 0
+    assert "fitted exponent" in capsys.readouterr().out
+
+
+def test_audit_error_from_the_console_has_no_traceback():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "foldax",
+            "audit",
+            "examples/audit_s4.py:with_foldax",
+            "--sizes",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bench_writes_only_where_told(tmp_path, monkeypatch, capsys):
+    """The default --out is a new folder, never the checkout's BENCHMARKS.md and README."""
+    from foldax import _bench
+
+    calls = []
+    monkeypatch.setattr(_bench, "run", lambda **kw: calls.append(kw))
+    monkeypatch.chdir(tmp_path)
+    assert _cli.main(["bench", "--quick"]) == 0
+    assert calls == [{"quick": True, "only": None, "out": _cli.BENCH_OUT}]
+    assert (tmp_path / _cli.BENCH_OUT).is_dir() and _cli.BENCH_OUT not in (".", "")
+    assert _cli.main(["bench", "--render", "--out", str(tmp_path / "none")]) == 2
+    assert "does not exist: run foldax bench --out" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert _cli.main(["bench", "--out", str(tmp_path / "file")]) == 2

@@ -1,4 +1,4 @@
-"""Examples run as users run them (``--smoke``: small sizes, seconds)."""
+"""Every example runs as users run it, with ``--smoke`` (small sizes, seconds)."""
 
 import importlib.util
 import subprocess
@@ -9,17 +9,27 @@ import pytest
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
+#: script -> (module it needs beyond foldax, text its output must contain)
+EXPECT = {
+    "audit_s4.py": (None, ("fitted exponent",)),
+    "audit_segment.py": (None, ("fitted exponent",)),
+    "flax_s4.py": ("flax", ("foldax.cauchy (defaults)",)),
+    "numpyro_events.py": ("numpyro", ("posterior mean", "foldax.segment_logmeanexp", "padded")),
+    "s4_layer.py": (None, ("kernel max abs difference",)),
+    "seed_vmap_memory.py": (None, ("B = 1000", "memory_budget")),
+    "sharded_seed.py": (None, ("devices, N =", "all-gather in the program: False")),
+}
 
-@pytest.mark.parametrize(
-    ("script", "needs", "expect"),
-    [
-        ("seed_vmap_memory.py", None, ("B = 1000", "memory_budget")),
-        ("flax_s4.py", "flax", ("foldax.cauchy (defaults)",)),
-    ],
-)
-def test_example_smoke_run(script, needs, expect):
+
+def test_every_example_is_listed():
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECT)
+
+
+@pytest.mark.parametrize("script", sorted(EXPECT))
+def test_example_smoke_run(script):
+    needs, expect = EXPECT[script]
     if needs is not None and importlib.util.find_spec(needs) is None:
-        pytest.skip(f"{needs} is not installed (pip install -e '.[examples]')")
+        pytest.fail(f"{needs} is not installed: pip install -e '.[examples]' (or '.[test]')")
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / script), "--smoke"],
         capture_output=True,

@@ -1,8 +1,9 @@
-"""The user workloads that started foldax, written three ways, shared by the demo and benchmarks.
+"""The workloads of ``foldax demo`` and ``foldax bench``, each written the usual ways and with foldax.
 
-Seed 000 (JAX discussion #28046): a 1-D catalogue of N = 1,159,351 rows of 5 features in 123
+The ragged logsumexp under vmap: a 1-D catalogue of N = 1,159,351 rows of 5 features in 123
 contiguous segments of unequal sizes; per segment ``logsumexp(f(theta, x)) - log(size)`` of a
-per-row model ``f``, ``vmap``-ed over a batch of ``theta`` by an outside library.
+per-row model ``f``, ``vmap``-ed over a batch of ``theta`` by an outside library (a sampler).
+S4's Cauchy kernel: ``sum_n v[h, n] / (z[l] - w[h, n])`` over H channels, L nodes, N poles.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ FEATURES = 5
 
 
 def seed_sizes() -> list[int]:
-    """The 123 segment sizes of the seed report, shipped as package data."""
+    """The 123 unequal segment sizes of the ragged workload, shipped as package data."""
     text = resources.files("foldax").joinpath("_data/seed_sizes.json").read_text()
     return list(json.loads(text)["sizes"])
 
@@ -51,7 +52,7 @@ class SeedProblem:
 
 
 def seed_problem(repeat: int = 1, batch: int = 10, seed: int = 0, shrink: int = 1) -> SeedProblem:
-    """The seed workload; ``repeat`` tiles the segment sizes (N x repeat rows); ``shrink``
+    """The ragged logsumexp workload; ``repeat`` tiles the segment sizes (N x repeat rows); ``shrink``
     divides every size (at least 1 row each; for quick runs)."""
     sizes = [max(1, s // shrink) for s in seed_sizes()] * repeat
     rng = np.random.default_rng(seed)
@@ -64,7 +65,7 @@ def seed_problem(repeat: int = 1, batch: int = 10, seed: int = 0, shrink: int = 
 
 
 def way_slicing_loop(sizes):
-    """The report's code: materialize f, then one dynamic slice + logsumexp per segment."""
+    """A slicing loop: materialize f, then one dynamic slice + logsumexp per segment."""
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
 
     def per_theta(theta, x):
@@ -79,7 +80,7 @@ def way_slicing_loop(sizes):
 
 
 def way_global_max(sizes):
-    """The maintainers' suggestion: one global max, then ``jax.ops.segment_sum`` of exp."""
+    """The usual stable way in JAX: one global max, then ``jax.ops.segment_sum`` of exp."""
     ids = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
     log_n = np.log(np.asarray(sizes, np.float32))
 
@@ -106,7 +107,7 @@ def way_foldax(sizes, chunk_size=None):
 
 
 def way_pad_scan(sizes):
-    """The seed user's own fix: pad every segment to the largest, ``lax.scan`` over segments with
+    """Padding: pad every segment to the largest, ``lax.scan`` over segments with
     a masked logsumexp. The padded ``(S, max, 5)`` copy is made once; f is one segment at a time
     forward, but the gradient keeps every segment's residuals."""
     big = max(sizes)
@@ -223,7 +224,7 @@ def measure_seed(
     return rows
 
 
-# --- seed 002: S4's Cauchy kernel, H channels, L nodes, N poles -----------------------------
+# --- S4's Cauchy kernel, H channels, L nodes, N poles --------------------------------------
 
 S4_H, S4_L = 256, 1024
 
@@ -256,7 +257,7 @@ def s4_naive(v, z, w):
 
 
 def s4_vmap_style(v, z, w):
-    """The report's code: a Cauchy kernel over N, vmapped over L and over the H channels."""
+    """Nested vmap: a Cauchy kernel over N, vmapped over L and over the H channels."""
 
     def cauchy_one(v, omega, lambd):
         return (v / (omega - lambd)).sum()
@@ -273,7 +274,7 @@ def s4_foldax(v, z, w):
 
 S4_WAYS = {
     "naive broadcast": s4_naive,
-    "vmap-style (report)": s4_vmap_style,
+    "nested vmap": s4_vmap_style,
     "foldax.cauchy": s4_foldax,
 }
 
@@ -347,7 +348,7 @@ def measure_s4(
     return rows
 
 
-# --- the seed workload on a device mesh -------------------------------------------------------
+# --- the ragged workload on a device mesh -------------------------------------------------------
 
 
 def way_foldax_padded(sizes, n_padded):
@@ -370,7 +371,7 @@ def measure_seed_sharded(
     progress: Callable[[str], None] | None = None,
     shrink: int = 1,
 ) -> list[dict]:
-    """The seed workload (N x ``repeat``) on one device and with the rows split over all of
+    """The ragged workload (N x ``repeat``) on one device and with the rows split over all of
     ``jax.devices()``, side by side in this process: per-device memory, median time, error.
 
     Run it in a process started with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` to
