@@ -300,6 +300,42 @@ def test_kmin_full_sort_and_k_larger_than_block(rng):
         np.testing.assert_array_equal(vals, ref_vals, err_msg=f"k={n}")
 
 
+@pytest.mark.parametrize("k", [1, 5, 32])
+def test_kmin_against_argpartition(rng, k):
+    """k-min over many tiles (the k-th best filters them) is exact: NumPy's argpartition then a
+    stable sort by (value, index); with ties across tiles, a NaN row of x and NaN columns of y."""
+    m, n = 45, 700
+    x = rng.standard_normal((m, 3)).astype(np.float32)
+    y = rng.standard_normal((n, 3)).astype(np.float32)
+    y[600:610] = y[3:13]  # exact ties, in different tiles
+    x[5] = y[650]
+    y[[20, 300]] = np.nan  # NaN columns: never among the k best of a row without NaN
+    x[7] = np.nan  # a row of NaN only: every column ties, the lowest indices win
+    d = -np.asarray(jax.jit(jax.vmap(jax.vmap(_sqdist, (None, 0)), (0, None)))(x, y))
+    key = np.where(np.isnan(d), np.inf, d)  # NaN last (no distance here is inf)
+    part = np.argpartition(key, k - 1, axis=1)[:, :k]
+    # argpartition keeps an arbitrary member of a tie: take every column tied with the k-th,
+    # then the k smallest by (value, index)
+    kth = np.take_along_axis(key, part, 1).max(1, keepdims=True)
+    ref_idx = np.stack(
+        [
+            sorted(np.flatnonzero(row <= t), key=lambda j, row=row: (row[j], j))[:k]
+            for row, t in zip(key, kth[:, 0], strict=True)
+        ]
+    )
+    outs = jax.jit(
+        lambda x, y: {
+            str(b): foldax.pairwise_reduce(
+                lambda a, b: -_sqdist(a, b), x, y, reduction="kmin", k=k, block_size=b
+            )
+            for b in (None, (16, 64), (8, 16))
+        }
+    )(x, y)
+    for b, (vals, idx) in outs.items():
+        np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"block {b}")
+        assert_allclose(vals, np.take_along_axis(d, ref_idx, 1), dtype=np.float32, err_msg=b)
+
+
 def test_integer_kernel_argmin_max(rng):
     xi = rng.integers(0, 10, (M, 2)).astype(np.int32)
     yi = rng.integers(0, 10, (N, 2)).astype(np.int32)
@@ -674,6 +710,28 @@ def test_memory_independent_of_m_times_n(reduction):
         assert big <= 1.15 * small + slack, (which, temps)
         dense_bytes = 8192 * 8192 * 4
         assert big < dense_bytes / 256, (which, temps)
+
+
+@pytest.mark.parametrize("reduction", ["argmin", "kmin"])
+def test_memory_nearest_flat_in_n(reduction):
+    """argmin and k-min (k = 5; its values' gradient too) stay O(tile + M + N) as N grows 4x."""
+    kw = {"k": 5} if reduction == "kmin" else {}
+
+    def fwd(x, y):
+        return foldax.pairwise_reduce(_sqdist, x, y, reduction=reduction, **kw)
+
+    def grad(x, y):
+        return jax.grad(lambda x, y: jnp.sum(fwd(x, y)[0]), argnums=(0, 1))(x, y)
+
+    passes = {"forward": fwd, **({"grad": grad} if reduction == "kmin" else {})}
+    for which, f in passes.items():
+        temps = {}
+        for n in (2048, 8192):
+            s = jax.ShapeDtypeStruct((n, 3), jnp.float32)
+            temps[n] = report(f, s, s).temp_bytes
+        slack = 8 * 5 * (8192 + 8192) + (3 * 4 * 8192 if which == "grad" else 0)
+        assert temps[8192] <= 1.15 * temps[2048] + slack, (which, temps)
+        assert temps[8192] < 8192 * 8192 * 4 / 256, (which, temps)
 
 
 # ----------------------------------------------------------------------------------------------

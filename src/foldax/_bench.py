@@ -25,7 +25,7 @@ import numpy as np
 
 from .memory import format_bytes, report
 
-WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "attention", "sharded")
+WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "nearest", "attention", "sharded")
 README_START = "<!-- bench-results:start -->"
 README_END = "<!-- bench-results:end -->"
 PLOT_DIR = "bench"
@@ -93,6 +93,7 @@ def _steps(cfg: Config, only) -> int:
         "precomputed": 4,
         "s4": len(cfg.s4_ns) * len(w.S4_WAYS) * 2,
         "gaussian": 6,
+        "nearest": 6,
         "attention": 2,
         "sharded": 1,
     }
@@ -355,6 +356,70 @@ def bench_gaussian(cfg: Config, prog: Progress) -> list[dict]:
     return rows
 
 
+def bench_nearest(cfg: Config, prog: Progress) -> list[dict]:
+    """Nearest neighbours, M = N = n, D = 3: squared distance reduced by ``min``, ``argmin`` and
+    ``kmin`` (k = 5), foldax against pykeops (skipped without it). The error column of the index
+    rows is the fraction of indices that differ from NumPy's (float64 distances)."""
+    import foldax
+
+    from . import _workloads as w
+
+    n, k = cfg.gauss_n, 5
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, 3), dtype=np.float32)
+    y = rng.standard_normal((n, 3), dtype=np.float32)
+    xj, yj = jnp.asarray(x), jnp.asarray(y)
+
+    def sq(a, b):
+        return jnp.sum((a - b) ** 2)
+
+    def fold(red, **kw):
+        return lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction=red, **kw)
+
+    impls = {
+        "min": {"foldax": fold("min")},
+        "argmin": {"foldax": fold("argmin")},
+        f"kmin, k = {k}": {"foldax": lambda x, y: fold("kmin", k=k)(x, y)[1]},
+    }
+    ref = {"min": [], "argmin": [], f"kmin, k = {k}": []}
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    for s in range(0, n, 1000):
+        d = ((x64[s : s + 1000, None] - y64[None]) ** 2).sum(-1)
+        ref["min"].append(d.min(1))
+        ref["argmin"].append(d.argmin(1))
+        ref[f"kmin, k = {k}"].append(np.argsort(d, axis=1, kind="stable")[:, :k])
+    ref = {r: np.concatenate(v) for r, v in ref.items()}
+    if available("pykeops"):
+        from pykeops.numpy import LazyTensor
+
+        d2 = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+        impls["min"]["pykeops (CPU)"] = lambda: d2.min(1)[:, 0]
+        impls["argmin"]["pykeops (CPU)"] = lambda: d2.argmin(1)[:, 0]
+        impls[f"kmin, k = {k}"]["pykeops (CPU)"] = lambda: d2.Kmin_argKmin(k, 1)[1]
+    rows = []
+    for red, fns in impls.items():
+        for name, fn in fns.items():
+            prog.step(f"nearest {red}: {name}")
+            if name.startswith("pykeops"):
+                fn()  # the first call compiles (seconds)
+                secs, got, temp = w.median_time(fn, repeats=cfg.repeats), fn(), None
+            else:
+                jf = jax.jit(fn)
+                secs = w.median_time(jf, xj, yj, repeats=cfg.repeats)
+                got, temp = jf(xj, yj), report(fn, xj, yj).temp_bytes
+            got = np.asarray(got)
+            err = (
+                w.max_rel_err(got, ref[red])
+                if red == "min"
+                else float(np.mean(got.astype(np.int64) != ref[red]))
+            )
+            case = f"{red}, M = N = {n:,}"
+            rows.append(_row("nearest", case, name, "forward", temp, secs, err, reduction=red))
+        if "pykeops (CPU)" not in fns:
+            prog.step(f"nearest {red}: pykeops skipped")
+    return rows
+
+
 def bench_attention(cfg: Config, prog: Progress) -> list[dict]:
     """Softmax-weighted sum (exact attention) against jax.nn.dot_product_attention, float32."""
     import foldax
@@ -443,6 +508,7 @@ BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
     "precomputed": bench_precomputed,
     "s4": bench_s4,
     "gaussian": bench_gaussian,
+    "nearest": bench_nearest,
     "attention": bench_attention,
     "sharded": bench_sharded,
 }
@@ -457,6 +523,7 @@ BASELINE = {
     "precomputed": "floor: jnp.exp(x).sum()",
     "s4": "naive broadcast",
     "gaussian": "foldax",
+    "nearest": "foldax",
     "attention": "jax.nn.dot_product_attention",
     "sharded": "1 device(s)",
 }
@@ -466,6 +533,7 @@ TITLES = {
     "precomputed": "Precomputed data: segment logsumexp of float32 values",
     "s4": "S4's Cauchy kernel, complex64 (forward k = cauchy(v, z, w); gradient of sum |k|^2)",
     "gaussian": "Gaussian kernel, D = 3, float32",
+    "nearest": "Nearest neighbours: squared distance, D = 3, float32 (min, argmin, k-min)",
     "attention": "Exact attention, float32 (pairwise_reduce softmax vs jax.nn.dot_product_attention)",
     "sharded": "Seed workload on 8 host CPU devices (rows split over a mesh), per-device memory",
 }
@@ -482,6 +550,10 @@ NOTES = {
     "torch runs on the same CPU with its default threads.",
     "gaussian": "`sum_j exp(-|x_i - y_j|^2)` and `logsumexp_j(-|x_i - y_j|^2)`. XLA fuses the dense "
     "sum into its reduction (0 B temp) but not the logsumexp; pykeops' memory is not XLA's.",
+    "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k = 5 nearest "
+    '(`reduction="kmin"`, pykeops\' `Kmin_argKmin`). The error column of argmin and k-min is '
+    "the fraction of indices that differ from NumPy's on float64 distances (near-ties may "
+    "round either way in float32).",
     "sharded": "One process with `XLA_FLAGS=--xla_force_host_platform_device_count=8`: the same "
     "program on one device and with the rows split over 8 (N padded to a multiple of 8, padding "
     "rows dropped by id). The 8 simulated devices share this machine's cores: the time ratio "
@@ -584,8 +656,14 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
                     f"{f['seconds'] / b['seconds']:.2f}x",
                 )
             )
-    for red in ("sum", "logsumexp"):
-        rows = [r for r in results["workloads"].get("gaussian", []) if r.get("reduction") == red]
+    for wl, red in (
+        ("gaussian", "sum"),
+        ("gaussian", "logsumexp"),
+        ("nearest", "min"),
+        ("nearest", "argmin"),
+        ("nearest", "kmin, k = 5"),
+    ):
+        rows = [r for r in results["workloads"].get(wl, []) if r.get("reduction") == red]
         f = next((r for r in rows if r["impl"] == "foldax"), None)
         for r in rows:
             if f and r["impl"] != "foldax":
@@ -596,7 +674,7 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
                 )
                 out.append(
                     (
-                        f"Gaussian kernel {r['case']}: foldax vs {r['impl']}",
+                        f"{'Gaussian kernel' if wl == 'gaussian' else 'nearest'} {r['case']}: foldax vs {r['impl']}",
                         mem,
                         f"{f['seconds'] / r['seconds']:.2f}x",
                     )
@@ -708,7 +786,7 @@ def plots(results: dict, out_dir: str) -> list[str]:
     written.append("memory_vs_n.png")
 
     labels, ratios = [], []
-    for wl in ("seed", "precomputed", "s4", "gaussian", "attention"):
+    for wl in ("seed", "precomputed", "s4", "gaussian", "nearest", "attention"):
         rows = results["workloads"].get(wl, [])
         for r in rows:
             if r["impl"] in ("foldax", "foldax.cauchy") or r["seconds"] is None:

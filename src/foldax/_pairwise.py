@@ -65,13 +65,21 @@ class ArgExtremum(Monoid):
         return better
 
     def reduce(self, v, mask, index):
-        m = _expand(mask, v.ndim)
+        # Values first (a plain vectorised min / max), then the index: the first column that
+        # attains it (a second min, over indices). jnp.argmin's variadic (value, index) reduce
+        # does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised min / max
+        # may drop NaN, so NaN rows are found apart and take their first NaN.
         fill = self.init(1, (), v.dtype)[0][0]
-        w = jnp.where(m, v, fill)
-        pos = jnp.argmax(w, axis=1) if self.is_max else jnp.argmin(w, axis=1)
-        val = jnp.take_along_axis(w, pos[:, None], axis=1)[:, 0]
-        idx = jnp.where(jnp.any(m, axis=1), index[pos], np.iinfo(np.int32).max).astype(jnp.int32)
-        return (val, idx)
+        w = jnp.where(_expand(mask, v.ndim), v, fill)
+        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        m = _expand(mask, v.ndim)
+        hit = (w == best[:, None]) & m
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            nan = jnp.isnan(w) & m
+            any_nan = jnp.any(nan, axis=1)
+            hit = jnp.where(any_nan[:, None], nan, hit)
+            best = jnp.where(any_nan, jnp.asarray(np.nan, v.dtype), best)
+        return (best, _first_index(hit, index))
 
     def allreduce(self, state, axes):
         val, idx = state
@@ -94,14 +102,100 @@ class ArgExtremum(Monoid):
         return (None,)  # an index has no derivative
 
 
+_NO_INDEX = np.iinfo(np.int32).max
+
+
+def _first_index(hit, index):
+    """The global index of the first true column of ``hit`` ``(G, T, *F)`` per slot; int32 max
+    where there is none (a min over indices: vectorised, unlike a variadic argmin)."""
+    at = jnp.where(hit, _expand(index[None, :], hit.ndim), _NO_INDEX)
+    return jnp.min(at, axis=1).astype(jnp.int32)
+
+
+def _key_dtype(dtype):
+    return jnp.int64 if jnp.dtype(dtype).itemsize == 8 else jnp.int32
+
+
+def _sort_key(v):
+    """Signed integer keys in the order of ``lax.sort``: -0.0 equals 0.0, NaN after +inf.
+
+    Floats: the bits of the (canonicalised) value, negatives' magnitude bits flipped; unsigned
+    integers: the sign bit flipped. Exact and invertible (:func:`_from_key`) for canonical values.
+    """
+    kd = _key_dtype(v.dtype)
+    if jnp.issubdtype(v.dtype, jnp.floating):
+        fd = jnp.float64 if kd == jnp.int64 else jnp.float32
+        w = v.astype(fd)
+        w = jnp.where(w == 0, jnp.zeros((), fd), w)
+        w = jnp.where(jnp.isnan(w), jnp.asarray(np.nan, fd), w)
+        b = lax.bitcast_convert_type(w, kd)
+        return b ^ ((b >> (8 * jnp.dtype(kd).itemsize - 1)) & jnp.iinfo(kd).max)
+    if jnp.issubdtype(v.dtype, jnp.unsignedinteger) and jnp.dtype(v.dtype).itemsize >= 4:
+        return lax.bitcast_convert_type(
+            v ^ jnp.asarray(1 << (8 * v.dtype.itemsize - 1), v.dtype), kd
+        )
+    return v.astype(kd)
+
+
+def _from_key(key, dtype):
+    """The value of a :func:`_sort_key` key, in ``dtype``."""
+    if jnp.issubdtype(dtype, jnp.floating):
+        b = key ^ ((key >> (8 * key.dtype.itemsize - 1)) & jnp.iinfo(key.dtype).max)
+        fd = jnp.float64 if key.dtype == jnp.int64 else jnp.float32
+        return lax.bitcast_convert_type(b, fd).astype(dtype)
+    if jnp.issubdtype(dtype, jnp.unsignedinteger) and jnp.dtype(dtype).itemsize >= 4:
+        u = lax.bitcast_convert_type(key, dtype)
+        return u ^ jnp.asarray(1 << (8 * jnp.dtype(dtype).itemsize - 1), dtype)
+    return key.astype(dtype)
+
+
+def _lex_less(a, ai, b, bi):
+    """``(a, ai) < (b, bi)``: by value, then by index."""
+    return (a < b) | ((a == b) & (ai < bi))
+
+
+def _insert(keys, idx, m, mi):
+    """``(keys, idx)`` (``(G, k)``, sorted) with ``(m, mi)`` (``(G,)``) inserted in order and the
+    last entry dropped; unchanged in rows where the new entry does not beat the last."""
+    pos = jnp.sum(_lex_less(keys, idx, m[:, None], mi[:, None]), axis=1, dtype=jnp.int32)[:, None]
+    r = lax.broadcasted_iota(jnp.int32, keys.shape, 1)
+
+    def put(a, new):
+        shifted = jnp.concatenate([a[:, :1], a[:, :-1]], axis=1)
+        return jnp.where(r < pos, a, jnp.where(r == pos, new[:, None], shifted))
+
+    return put(keys, m), put(idx, mi)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Tile:
+    """A tile's values as :meth:`KMin.reduce` hands them on: they are merged into the running k
+    best by :meth:`KMin.combine`, which sees the k-th best and so looks only at what beats it."""
+
+    def __init__(self, v, mask, index):
+        self.v, self.mask, self.index = v, mask, index
+
+    def tree_flatten(self):
+        return (self.v, self.mask, self.index), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
 class KMin(Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
-    NaN sorts last (like ``np.sort``). The state is sorted lexicographically by (value, index)
-    with ``lax.sort``; the identity is ``(NaN, int32 max)``, which loses to every real entry.
+    NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
+    every real entry. A tile is never sorted: :meth:`combine` compares it with each row's k-th
+    best (one vectorised pass; few entries beat it once a row has seen a few tiles), gathers
+    the rows that have such entries and inserts them in order, smallest first, comparing exact
+    integer sort keys (:func:`_sort_key`).
     """
 
     needs_index = True
+    #: rows of a tile merged together (gathered from the rows that have entries to insert)
+    ROWS = 16
 
     def __init__(self, k):
         super().__init__("kmin", "real")
@@ -115,25 +209,68 @@ class KMin(Monoid):
     def init(self, num, fshape, dtype):
         return (
             jnp.full((num, self.k), self._fill(dtype), dtype),
-            jnp.full((num, self.k), np.iinfo(np.int32).max, jnp.int32),
+            jnp.full((num, self.k), _NO_INDEX, jnp.int32),
         )
 
-    def _best(self, vals, idx):
-        vals, idx = lax.sort((vals, idx), dimension=1, num_keys=2)
-        return (vals[:, : self.k], idx[:, : self.k])
-
     def reduce(self, v, mask, index):
-        fill = self._fill(v.dtype)
-        vals = jnp.where(mask, v, jnp.asarray(fill, v.dtype))
-        idx = jnp.where(mask, index[None, :], np.iinfo(np.int32).max).astype(jnp.int32)
-        if vals.shape[1] < self.k:
-            pad = self.k - vals.shape[1]
-            vals = jnp.pad(vals, ((0, 0), (0, pad)), constant_values=fill)
-            idx = jnp.pad(idx, ((0, 0), (0, pad)), constant_values=np.iinfo(np.int32).max)
-        return self._best(vals, idx)
+        return _Tile(v, mask, index)
 
     def combine(self, a, b):
-        return self._best(jnp.concatenate([a[0], b[0]], 1), jnp.concatenate([a[1], b[1]], 1))
+        if isinstance(b, _Tile):
+            return self._merge_tile(a, b)
+        keys = jnp.concatenate([_sort_key(a[0]), _sort_key(b[0])], 1)
+        keys, idx = lax.sort((keys, jnp.concatenate([a[1], b[1]], 1)), dimension=1, num_keys=2)
+        return (_from_key(keys[:, : self.k], a[0].dtype), idx[:, : self.k])
+
+    def _merge_tile(self, st, tile):
+        """Fold a tile into the state: only the rows with entries beating their k-th best."""
+        v, mask, index = tile.v, tile.mask, tile.index
+        kth, kth_i = st[0][:, -1:], st[1][:, -1:]
+        beats = _lex_less(v, index[None, :], kth, kth_i)
+        if jnp.issubdtype(v.dtype, jnp.floating):  # NaN last: it beats only an empty slot
+            beats = beats | (jnp.isnan(kth) & (~jnp.isnan(v) | (index[None, :] < kth_i)))
+        need = jnp.any(beats & mask, axis=1)
+        g = min(self.ROWS, v.shape[0])
+        rank = jnp.cumsum(need.astype(jnp.int32)) - 1
+        groups = (jnp.sum(need, dtype=jnp.int32) + g - 1) // g
+
+        def group(t, st):
+            # the rows of this group, compacted: slot s holds the (t * g + s)-th needy row
+            slot = jnp.where(need & (rank >= t * g) & (rank < (t + 1) * g), rank - t * g, g)
+            rows = jnp.full((g,), v.shape[0], jnp.int32)
+            rows = rows.at[slot].set(jnp.arange(v.shape[0], dtype=jnp.int32), mode="drop")
+            at = jnp.minimum(rows, v.shape[0] - 1)
+            keys, idx = self._insert_rows(_sort_key(st[0][at]), st[1][at], v[at], mask[at], index)
+            vals = st[0].at[rows].set(_from_key(keys, st[0].dtype), mode="drop")
+            return (vals, st[1].at[rows].set(idx, mode="drop"))
+
+        return lax.fori_loop(0, groups, group, st)
+
+    def _insert_rows(self, keys, idx, v, mask, index):
+        """Insert a few rows' tile entries ``v`` ``(g, T)`` into their k best, in order."""
+        tk = _sort_key(v)
+        big = jnp.iinfo(tk.dtype).max
+        j = index[None, :]
+
+        def smallest_after(lo, lo_i):
+            """The smallest (key, index) of each row beyond ``(lo, lo_i)``."""
+            rest = mask & ((tk > lo[:, None]) | ((tk == lo[:, None]) & (j > lo_i[:, None])))
+            m = jnp.min(jnp.where(rest, tk, big), axis=1)
+            return m, _first_index(rest & (tk == m[:, None]), index)
+
+        def cond(c):
+            keys, idx, m, mi, n = c
+            return jnp.any(_lex_less(m, mi, keys[:, -1], idx[:, -1])) & (n < self.k)
+
+        def body(c):
+            keys, idx, m, mi, n = c
+            keys, idx = _insert(keys, idx, m, mi)
+            return (keys, idx, *smallest_after(m, mi), n + 1)
+
+        first = jnp.full(keys.shape[:1], jnp.iinfo(tk.dtype).min, tk.dtype)
+        start = smallest_after(first, jnp.full(keys.shape[:1], -1, jnp.int32))
+        keys, idx, *_ = lax.while_loop(cond, body, (keys, idx, *start, 0))
+        return keys, idx
 
     n_outputs = 2
 
