@@ -105,7 +105,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     n_rows, warmup, samples = 1_159_351, args.warmup, args.samples
     if args.smoke:
-        n_rows, warmup, samples = 11_593, 100, 100
+        n_rows, warmup, samples = 11_593, 50, 50
     sizes, x = make_events(n_rows=n_rows)
     print(
         f"{len(sizes)} events, N = {sum(sizes):,} samples in all "

@@ -97,23 +97,7 @@ def user_facing_files() -> list[Path]:
     return [f for f in files if "_build" not in f.parts]
 
 
-#: Rendered by ``_bench.py`` (being edited elsewhere): its notes still need rewording.
-PENDING = {"src/foldax/_bench.py", "BENCHMARKS.md"}
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            f,
-            marks=pytest.mark.xfail(reason="_bench.py's notes and bench/results.json's names")
-            if str(f.relative_to(ROOT)) in PENDING
-            else (),
-        )
-        for f in user_facing_files()
-    ],
-    ids=lambda p: str(p.relative_to(ROOT)),
-)
+@pytest.mark.parametrize("path", user_facing_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_words_from_our_history(path):
     text = path.read_text()
     found = [m.group(0) for pat in HISTORY for m in re.finditer(pat, text, re.I)]

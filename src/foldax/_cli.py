@@ -50,7 +50,7 @@ def demo_s4(args) -> None:
     )
 
     def progress(msg):
-        print(f"  measuring {msg} ...", flush=True)
+        print(f"  measuring S4 {msg} ...", flush=True)
 
     rows = w.measure_s4(repeats=args.repeats, progress=progress)
     base = {(r["n"], r["pass_"]): r for r in rows if r["way"] == "naive broadcast"}

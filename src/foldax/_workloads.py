@@ -331,13 +331,13 @@ def measure_s4(
         problem = s4_problem(n, h=h, length=length)
         args = (problem.v, problem.z, problem.w)
         if progress:
-            progress(f"S4 N={n}: complex128 reference")
+            progress(f"N={n}: complex128 reference")
         ref_k, ref_g = s4_reference(problem)
         for way in ways:
             kf = S4_WAYS[way]
             for pass_, fn, want in (("forward", kf, ref_k), ("gradient", s4_grad(kf), ref_g)):
                 if progress:
-                    progress(f"S4 N={n}: {way} {pass_}")
+                    progress(f"N={n}: {way} {pass_}")
                 temp = memory.report(fn, *args).temp_bytes
                 jf = jax.jit(fn)
                 secs = median_time(jf, *args, repeats=repeats) if time_it else None
