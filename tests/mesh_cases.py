@@ -483,3 +483,23 @@ def test_replicated_inputs_on_a_mesh():
         jax.tree.leaves(call(xr, idr, vr)), jax.tree.leaves(call(x, ids, v)), strict=True
     ):
         assert_allclose(np.real(a), np.real(b), dtype=np.float32, scale=100)
+
+
+def test_set_mesh_context_replicated_and_split():
+    """Inside ``with jax.set_mesh(mesh)`` (Explicit axes), calls whose ``fn`` / kernel closes over
+    an array, on split and replicated inputs, give the one-device values and gradients."""
+    x = np.linspace(-2, 2, 64 * 3, dtype=np.float32).reshape(64, 3)
+    w = np.asarray([0.5, -1.0, 2.0], np.float32)
+
+    def both(x, w):
+        seg = foldax.segment_logsumexp(x, sizes=[20, 44], fn=lambda r: jnp.sin(r @ w))
+        pair = foldax.pairwise_reduce(lambda a, b: jnp.sum(a * b * w), x[:8], x)
+        return jnp.sum(seg) + jnp.sum(pair)
+
+    call = jax.jit(jax.value_and_grad(both, (0, 1)))
+    want = call(x, w)
+    with jax.set_mesh(EXPLICIT):
+        for spec in (P("d"), P()):
+            got = call(put(x, EXPLICIT, spec), put(w, EXPLICIT, P()))
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                assert_allclose(a, b, dtype=np.float32, scale=100)

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .memory import MemoryReport, _name, format_bytes, report_from_compiled
+from ._memory import MemoryReport, _name, format_bytes, report_from_compiled
 
 _SHAPE = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<shape>\S+) (?P<rest>.*)$")

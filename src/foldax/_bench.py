@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .memory import format_bytes, report
+from ._memory import format_bytes, report
 
 WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "nearest", "attention", "sharded")
 README_START = "<!-- bench-results:start -->"

@@ -8,6 +8,7 @@ state per row of ``x``; every derivative is another such fold, recomputing each 
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from ._monoid import (
     MIN,
     SUM,
     Monoid,
+    _accumulator,
     _expand,
     _finite_or_zero,
     _p_extreme,
@@ -302,7 +304,10 @@ class KMin(Monoid):
 class SoftmaxSum(Monoid):
     """``sum_j softmax_j(logit) * value_j``: exact attention. Value: a pair ``(logit, value)``.
 
-    State ``(m, s, acc)``: running max logit, ``sum exp(l - shift(m))`` and the weighted values.
+    State ``(m, s, acc)``: running max logit, ``sum exp(l - shift(m))`` and the weighted values,
+    in float32 for half-precision logits or values (mixed precision, e.g. float32 logits and
+    bfloat16 values, is accepted: the weights meet the values in the values' dtype, summed in
+    the state's). The result is in the state's dtype (:func:`pairwise` casts it to the values').
     """
 
     def __init__(self, shared=False):
@@ -317,17 +322,26 @@ class SoftmaxSum(Monoid):
         # shared values are (bj, *Fv), one per row of y: not (bi, bj, *Fv)
         return (sds(lg.shape[2:], lg.dtype), sds(val.shape[1 if self.shared else 2 :], val.dtype))
 
+    @staticmethod
+    def _dtypes(lg_dtype, val_dtype):
+        """``(logit state, value state)`` dtypes: float32 for half precision, and the values
+        summed at least as precisely as the logits."""
+        lg_acc = _accumulator(lg_dtype)
+        return lg_acc, jnp.promote_types(_accumulator(val_dtype), lg_acc)
+
     def init_aval(self, num, aval):
         lg, val = aval
+        lg_acc, val_acc = self._dtypes(lg.dtype, val.dtype)
         return (
-            jnp.full((num, *lg.shape), -np.inf, lg.dtype),
-            jnp.zeros((num, *lg.shape), lg.dtype),
-            jnp.zeros((num, *val.shape), val.dtype),
+            jnp.full((num, *lg.shape), -np.inf, lg_acc),
+            jnp.zeros((num, *lg.shape), lg_acc),
+            jnp.zeros((num, *val.shape), val_acc),
         )
 
     def reduce(self, v, mask):
         lg, val = v
-        lg = jnp.where(mask, lg, jnp.asarray(-np.inf, lg.dtype))
+        lg_acc, val_acc = self._dtypes(lg.dtype, val.dtype)
+        lg = jnp.where(mask, lg.astype(lg_acc), jnp.asarray(-np.inf, lg_acc))
         m = jnp.max(lg, axis=1)
         w = jnp.exp(lg - _finite_or_zero(m)[:, None])
         # Masked columns have weight exactly 0 (their logit is -inf). Their values are real rows
@@ -335,9 +349,11 @@ class SoftmaxSum(Monoid):
         # values would materialize them, while w @ values stays one contraction.
         w_v = w.astype(val.dtype)
         if self.shared:
-            acc = (w_v @ val.reshape(val.shape[0], -1)).reshape((w.shape[0], *val.shape[1:]))
+            flat = val.reshape(val.shape[0], -1)
+            acc = jnp.matmul(w_v, flat, preferred_element_type=val_acc)
+            acc = acc.reshape((w.shape[0], *val.shape[1:]))
         else:
-            acc = jnp.einsum("ij,ij...->i...", w_v, val)
+            acc = jnp.einsum("ij,ij...->i...", w_v, val, preferred_element_type=val_acc)
         return (m, jnp.sum(w, axis=1), acc)
 
     @staticmethod
@@ -373,47 +389,54 @@ class SoftmaxSum(Monoid):
 
     @staticmethod
     def _weights(lg, mask, lse):
-        """``softmax`` weights ``(bi, bj)`` of a tile; exactly 0 where masked or empty."""
+        """``softmax`` weights ``(bi, bj)`` of a tile (in the log-sum-exp's dtype); exactly 0
+        where masked or empty."""
         ok = mask & (lse[:, None] > -np.inf)
-        return jnp.exp(jnp.where(ok, lg - lse[:, None], jnp.asarray(-np.inf, lg.dtype))), ok
+        z = jnp.where(ok, lg.astype(lse.dtype) - lse[:, None], jnp.asarray(-np.inf, lse.dtype))
+        return jnp.exp(z), ok
 
     def row_cotangent(self, v, mask, info, g):
         lg, val = v
         lse, out = info
         g_out, g_lse = g
         p, ok = self._weights(lg, mask, lse)
+        acc = out.dtype  # the values' state dtype: products are taken there
         ct_lg = jnp.zeros_like(p)
-        ct_val = jnp.zeros_like(val)
+        ct_val = jnp.zeros(val.shape, acc)
         if g_out is not None and self.shared:
             bi, bj = p.shape
-            g2, v2, o2 = g_out.reshape(bi, -1), val.reshape(bj, -1), out.reshape(bi, -1)
-            ct_val = (p.astype(val.dtype).T @ g2).reshape(val.shape)
+            g2 = g_out.reshape(bi, -1).astype(acc)
+            v2, o2 = val.reshape(bj, -1).astype(acc), out.reshape(bi, -1)
+            ct_val = (p.astype(acc).T @ g2).reshape(val.shape)
             dots = g2 @ v2.T - jnp.sum(g2 * o2, axis=-1)[:, None]
             ct_lg = jnp.where(ok, p * dots.astype(p.dtype), jnp.zeros((), p.dtype))
         elif g_out is not None:
-            gv = g_out[:, None]  # (Bi, 1, *Fv)
-            ct_val = _expand(p, val.ndim) * gv
-            diff = jnp.where(_expand(ok, val.ndim), val - out[:, None], jnp.zeros((), val.dtype))
-            ct_lg = p * jnp.sum((gv * diff).reshape((*p.shape, -1)), axis=-1)
+            gv = g_out[:, None].astype(acc)  # (Bi, 1, *Fv)
+            ct_val = _expand(p.astype(acc), val.ndim) * gv
+            diff = val.astype(acc) - out[:, None]
+            diff = jnp.where(_expand(ok, val.ndim), diff, jnp.zeros((), acc))
+            ct_lg = p * jnp.sum((gv * diff).reshape((*p.shape, -1)), axis=-1).astype(p.dtype)
         if g_lse is not None:
-            ct_lg = ct_lg + p * g_lse[:, None]
-        return (ct_lg, ct_val)
+            ct_lg = ct_lg + p * g_lse[:, None].astype(p.dtype)
+        return (ct_lg.astype(lg.dtype), ct_val.astype(val.dtype))
 
     def tangent(self, v, dv, mask, info):
         lg, val = v
         dlg, dval = dv
         lse, out = info
+        acc = out.dtype
         p, _ = self._weights(lg, mask, lse)
-        pd = p * dlg
+        pd = p * dlg.astype(p.dtype)
         d_lse = jnp.sum(pd, axis=1)
+        p, pd, val, dval = p.astype(acc), pd.astype(acc), val.astype(acc), dval.astype(acc)
         if self.shared:
             bj = p.shape[1]
             flat = lambda a: a.reshape(bj, -1)  # noqa: E731
-            d = p.astype(val.dtype) @ flat(dval) + pd.astype(val.dtype) @ flat(val)
-            d_out = d.reshape(out.shape) - _expand(d_lse, out.ndim) * out
+            d = p @ flat(dval) + pd @ flat(val)
+            d_out = d.reshape(out.shape) - _expand(d_lse.astype(acc), out.ndim) * out
         else:
             d = jnp.einsum("ij,ij...->i...", p, dval) + jnp.einsum("ij,ij...->i...", pd, val)
-            d_out = d - _expand(d_lse, out.ndim) * out
+            d_out = d - _expand(d_lse.astype(acc), out.ndim) * out
         return (d_out, d_lse)
 
 
@@ -482,7 +505,7 @@ def _block_sizes(name, block_size, m, n):
             f"{name}: block_size must be an int or a pair (bi, bj), got {len(bs)} values {block_size!r}."
         )
     try:
-        if isinstance(block_size, bool):
+        if isinstance(block_size, bool) or any(isinstance(b, bool) for b in bs):
             raise TypeError
         bi, bj = (operator.index(b) for b in bs)
     except TypeError:
@@ -505,6 +528,8 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=()):
     of ``y`` go round the devices (``ppermute``) and come home with their cotangents.
     """
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
+    if m == 0 or n == 0:
+        return _empty(monoid, kernel, x, y, m)
     if axes and _shard.types_checked(axes):
         # x meets rows of y that differ per device: make it varying here, outside the fold, so
         # that its cotangent is accumulated locally and summed once (the cast's transpose).
@@ -606,8 +631,9 @@ def _check_kernel_output(name, monoid, kernel, x, y):
                 f"{name}: with reduction='softmax' the kernel must return a pair (logit, value) "
                 f"with a scalar logit, got {aval}."
             )
-        for part, what in ((aval[0], "logit"), (aval[1], "value")):
-            monoid.check_dtype(name, f"the kernel's {what}", part.dtype)
+        monoid.check_dtype(name, "the kernel's logit", aval[0].dtype)
+        for leaf in jax.tree.leaves(aval[1]):
+            monoid.check_dtype(name, "the kernel's value", leaf.dtype)
         return
     if not isinstance(aval, jax.ShapeDtypeStruct):
         raise TypeError(f"{name}: kernel must return one array (scalar or small), got {aval}.")
@@ -680,13 +706,41 @@ def pairwise_reduce(
         raise TypeError(f"{name}: reduction must be a string, got {type(reduction).__name__}.")
     monoid = _monoid_for(name, reduction, k, n)
     _check_kernel_output(name, monoid, kernel, x, y)
+    unpack = None
+    if isinstance(monoid, SoftmaxSum):
+        kernel, unpack = _packed_values(kernel, x, y)
     axes = _shard.axis_tuple(name, axis_name)
-    if axes:
-        return _local(name, kernel, x, y, monoid, block_size, m, n, axes)
-    split = _mesh_split(name, x, y, m, n)
+    split = None if axes else _mesh_split(name, x, y, m, n)
     if split is None:
-        return _local(name, kernel, x, y, monoid, block_size, m, n, ())
-    return _on_mesh(name, kernel, x, y, monoid, block_size, *split)
+        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes)
+    else:
+        out = _on_mesh(name, kernel, x, y, monoid, block_size, *split)
+    return out if unpack is None else unpack(out)
+
+
+def _packed_values(kernel, x, y):
+    """A softmax kernel whose values (any pytree, any float dtypes) come packed as one vector,
+    and the function that turns the ``(M, F)`` result back into the values' tree and dtypes."""
+    _, val = jax.eval_shape(kernel, _row_avals(x), _row_avals(y))
+    leaves, tree = jax.tree.flatten(val)
+    if len(leaves) == 1:
+        return kernel, lambda out: jax.tree.unflatten(tree, [out.astype(leaves[0].dtype)])
+    dtype = functools.reduce(jnp.promote_types, [leaf.dtype for leaf in leaves])
+    ends = np.cumsum([math.prod(leaf.shape) for leaf in leaves])[:-1]
+
+    def packed(a, b):
+        logit, v = kernel(a, b)
+        return logit, jnp.concatenate([jnp.ravel(t).astype(dtype) for t in jax.tree.leaves(v)])
+
+    def unpack(out):
+        parts = jnp.split(out, ends, axis=-1)
+        shaped = [
+            p.reshape((*out.shape[:-1], *leaf.shape)).astype(leaf.dtype)
+            for p, leaf in zip(parts, leaves, strict=True)
+        ]
+        return jax.tree.unflatten(tree, shaped)
+
+    return packed, unpack
 
 
 def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=()):
@@ -766,6 +820,20 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
 
 
 def _empty(monoid, kernel, x, y, m):
+    """No rows of ``x`` or of ``y``: the reduction's identity for each row of ``x`` (0 for sums,
+    -inf for a log-sum-exp, the dtype's lowest / highest for extrema, index -1 ... see
+    :func:`pairwise_reduce`), in the kernel's dtype."""
     xi, yj = _row_avals(x), _row_avals(y)
     aval = jax.eval_shape(kernel, xi, yj)
-    return monoid.result(monoid.outputs(monoid.init_aval(m, aval)))
+    outs = monoid.outputs(monoid.init_aval(m, aval))
+    first = outs[0]
+    dtype = getattr(
+        monoid.value_aval(
+            jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, 1, *a.shape), a.dtype), aval)
+        ),
+        "dtype",
+        None,
+    )
+    if dtype is not None and jnp.issubdtype(first.dtype, jnp.floating) and first.dtype != dtype:
+        first = first.astype(dtype)
+    return monoid.result((first, *outs[1:]))

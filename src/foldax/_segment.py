@@ -169,6 +169,14 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
 
 
 def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted):
+    if isinstance(segment_ids, list | tuple):
+        if not all(
+            isinstance(v, int | np.integer) and not isinstance(v, bool) for v in segment_ids
+        ):
+            raise TypeError(
+                f"{name}: segment_ids must contain Python ints, got {segment_ids!r:.80}."
+            )
+        segment_ids = np.asarray(segment_ids, dtype=np.int64).reshape(-1)
     _check_int_dtype(name, "segment_ids", jnp.result_type(segment_ids))
     if jnp.shape(segment_ids) != (n,):
         raise ValueError(
@@ -313,6 +321,11 @@ def _segment(
     normal = isinstance(op, str)
     monoid = LOGSUMEXP if normal else op
     if fn is None and not hasattr(data, "shape"):
+        if isinstance(data, list | tuple) and any(np.ndim(a) > 0 for a in data):
+            raise TypeError(
+                f"{name}: data is a {type(data).__name__} of arrays; pass fn= to map a chunk of "
+                f"rows to one array of values, or stack them first (jnp.stack)."
+            )
         data = jnp.asarray(data) if isinstance(data, list | tuple | float | int) else data
     axes = _shard.axis_tuple(name, axis_name)
     n = n_rows = _num_rows(name, data)  # this device's rows inside shard_map, else all rows
@@ -398,7 +411,8 @@ def _replayable(fn, data):
     over (``consts``) passed in explicitly (see :func:`foldax._fold.row_fn`)."""
     if fn is None:
         return (lambda consts: None), []
-    f, consts = _fold.row_fn(fn, data)
+    with _shard.unmeshed():
+        f, consts = _fold.row_fn(fn, data)
     return (lambda consts: lambda rows: f(consts, tuple(jax.tree.leaves(rows)))), list(consts)
 
 

@@ -26,6 +26,7 @@ reduced result's cotangent is summed before use and input cotangents stay local 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -223,7 +224,8 @@ def replayable(fn, *examples):
     ``shard_map`` cannot close over arrays split on Explicit axes, so the arrays a user's
     ``fn`` / ``kernel`` closes over enter it as (replicated) inputs instead.
     """
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*examples)
+    with unmeshed():
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*examples)
     out_tree = jax.tree.structure(out_shape)
 
     def replay(consts):
@@ -231,6 +233,18 @@ def replayable(fn, *examples):
         return lambda *args: jax.tree.unflatten(out_tree, run(*jax.tree.leaves(args)))
 
     return replay, [jax.numpy.asarray(c) for c in closed.consts]
+
+
+def unmeshed():
+    """A context with no mesh, for tracing a user's function that will be replayed inside a
+    ``shard_map``: an equation records the mesh it was traced under (``jax.set_mesh``'s, with
+    Explicit axes) and would check it against the Manual axes it meets when replayed. Inside a
+    ``shard_map`` (Manual axes in context) the context stays: the trace needs its axes."""
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = jax.sharding.AxisType.Manual
+    if mesh.empty or any(t == manual for t in mesh.axis_types):
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
 
 
 def place(tree, mesh, spec_of):
@@ -258,5 +272,6 @@ __all__ = [
     "spec_axes",
     "to_varying",
     "types_checked",
+    "unmeshed",
     "varying",
 ]
