@@ -134,3 +134,158 @@ def test_export_serializes_with_gradients():
     x = jnp.linspace(0.0, 1.0, 8)
     assert_allclose(back.call(x), f(x), dtype=jnp.float32)
     assert_allclose(jax.grad(back.call)(x), jax.grad(f)(x), dtype=jnp.float32)
+
+
+def test_symbolic_row_counts_are_refused_with_a_foldax_error():
+    from jax import export
+
+    (n,) = export.symbolic_shape("n")
+    cases = {
+        "segment_sum: the leading axis of data": (
+            lambda d: foldax.segment_sum(d, jnp.zeros(d.shape[0], jnp.int32), 3),
+            [jax.ShapeDtypeStruct((n,), jnp.float32)],
+        ),
+        "pairwise_reduce: the leading axis of x": (
+            lambda x: foldax.pairwise_reduce(lambda a, b: jnp.sum(a * b), x, x),
+            [jax.ShapeDtypeStruct((n, 3), jnp.float32)],
+        ),
+        r"cauchy: the N axis \(states\)": (
+            foldax.cauchy,
+            [jax.ShapeDtypeStruct(s, jnp.complex64) for s in ((n,), (5,), (n,))],
+        ),
+    }
+    for match, (f, args) in cases.items():
+        with pytest.raises(ValueError, match=match + r" has a symbolic size.*concrete shapes"):
+            export.export(jax.jit(f))(*args)
+
+
+# ----------------------------------------------------------------------------------------------
+# Traced partitions: the caller's promise, checked at run time inside foldax.debug_checks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"offsets": [0, 4, 2, 6]}, r"offsets must be non-decreasing, but offsets\[1\] = 4"),
+        ({"sizes": [3, -1, 4]}, r"sizes must be >= 0, but sizes\[1\] = -1"),
+        ({"sizes": [3, 1, 1]}, r"sizes sum to 5 but data has N = 6 rows"),
+        ({"segment_ids": [2, 0, 1, 0, 2, 1]}, r"indices_are_sorted=True, but segment_ids are not"),
+    ],
+)
+def test_debug_checks_catch_bad_traced_partitions(kwargs, match):
+    (arg, value), data = next(iter(kwargs.items())), jnp.arange(1.0, 7.0)
+    extra = {"num_segments": 3, "indices_are_sorted": True} if arg == "segment_ids" else {}
+    f = jax.jit(lambda d, v: foldax.segment_sum(d, **{arg: v}, **extra))
+    assert_allclose(
+        f(data, jnp.asarray(value)).shape[0], len(value) - (arg == "offsets"), dtype=jnp.float32
+    ) if arg != "segment_ids" else None
+    with foldax.debug_checks():
+        g = jax.jit(lambda d, v: foldax.segment_sum(d, **{arg: v}, **extra))
+        with pytest.raises(Exception, match=r"foldax\.segment_sum: " + match):
+            jax.block_until_ready(g(data, jnp.asarray(value)))
+        good = {"offsets": [0, 2, 4, 6], "sizes": [3, 1, 2], "segment_ids": [0, 0, 1, 1, 2, 2]}[arg]
+        want = jax.ops.segment_sum(data, jnp.asarray([0, 0, 1, 1, 2, 2]), 3)
+        if arg == "sizes":
+            want = jnp.asarray([6.0, 4.0, 11.0])
+        assert_allclose(g(data, jnp.asarray(good)), want, dtype=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention in mixed precision, and values that are pytrees
+
+
+def _attention_reference(q, k, v):
+    logits = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    return (p / p.sum(1, keepdims=True)) @ np.asarray(v, np.float64)
+
+
+def test_mixed_precision_attention(rng):
+    q, k = (jnp.asarray(rng.standard_normal((40, 8)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((40, 8)), jnp.bfloat16)
+
+    def att(q, k, v):
+        kernel = lambda qi, kv: (jnp.dot(qi, kv[0]), kv[1])  # noqa: E731
+        return foldax.pairwise_reduce(kernel, q, (k, v), reduction="softmax")
+
+    out = att(q, k, v)
+    assert out.dtype == jnp.bfloat16
+    assert_allclose(out, _attention_reference(q, k, v), dtype=jnp.bfloat16)
+    gq, gv = jax.grad(lambda q, v: att(q, k, v).astype(jnp.float32).sum(), (0, 1))(q, v)
+    assert (gq.dtype, gv.dtype) == (jnp.float32, jnp.bfloat16)
+    want_q, want_v = jax.grad(lambda q, v: att(q, k, v.astype(jnp.float32)).sum(), (0, 1))(
+        q, v.astype(jnp.float32)
+    )
+    assert_allclose(gq, want_q, dtype=jnp.bfloat16, scale=10)
+    assert_allclose(gv, want_v, dtype=jnp.bfloat16, scale=10)
+
+
+def test_attention_values_as_a_pytree(rng):
+    q, k, v = (jnp.asarray(rng.standard_normal((30, 4)), jnp.float32) for _ in range(3))
+
+    def kernel(qi, kv):
+        kj, vj = kv
+        return jnp.dot(qi, kj), {"v": vj, "pair": (vj[:2] * 2.0, vj[3])}
+
+    out = foldax.pairwise_reduce(kernel, q, (k, v), reduction="softmax")
+    want = _attention_reference(q, k, v)
+    assert_allclose(out["v"], want, dtype=jnp.float32)
+    assert_allclose(out["pair"][0], 2 * want[:, :2], dtype=jnp.float32)
+    assert_allclose(out["pair"][1], want[:, 3], dtype=jnp.float32)
+    g = jax.grad(
+        lambda q: foldax.pairwise_reduce(kernel, q, (k, v), reduction="softmax")["pair"][1].sum()
+    )(q)
+    g_want = jax.grad(
+        lambda q: foldax.pairwise_reduce(
+            lambda a, b: (jnp.dot(a, b[0]), b[1][3]), q, (k, v), reduction="softmax"
+        ).sum()
+    )(q)
+    assert_allclose(g, g_want, dtype=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Empty inputs give the reduction's identity
+
+
+def test_empty_pairwise_and_s4_kernels():
+    x = jnp.ones((6, 3))
+    dot = lambda a, b: jnp.sum(a * b)  # noqa: E731
+    assert_allclose(foldax.pairwise_reduce(dot, x, x[:0]), np.zeros(6), dtype=jnp.float32)
+    lse = foldax.pairwise_reduce(dot, x, x[:0], reduction="logsumexp")
+    assert np.all(np.asarray(lse) == -np.inf)
+    idx = foldax.pairwise_reduce(dot, x, x[:0], reduction="argmin")
+    assert idx.dtype == jnp.int32 and np.all(np.asarray(idx) == np.iinfo(np.int32).max)
+    c = lambda *s: jnp.ones(s, jnp.complex64)  # noqa: E731
+    assert_allclose(foldax.cauchy(c(0), c(5), c(0)), np.zeros(5, np.complex64), dtype=jnp.float32)
+    assert foldax.cauchy(c(4), c(0), c(4)).shape == (0,)
+    assert foldax.cauchy(c(3, 4), c(0), c(3, 4)).shape == (3, 0)
+    assert_allclose(foldax.vandermonde(c(0), c(0), 5), np.zeros(5, np.complex64), dtype=jnp.float32)
+    g = jax.grad(lambda v: jnp.abs(foldax.cauchy(v, c(5), c(0))).sum(), holomorphic=False)
+    assert g(jnp.ones((0,), jnp.float32).astype(jnp.complex64)).shape == (0,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Small ones
+
+
+def test_segment_ids_as_a_python_list():
+    assert_allclose(foldax.segment_sum(jnp.ones(3), [0, 0, 1]), [2.0, 1.0], dtype=jnp.float32)
+    with pytest.raises(TypeError, match=r"segment_sum: segment_ids must contain Python ints"):
+        foldax.segment_sum(jnp.ones(3), [0, 0.5, 1])
+
+
+def test_tuple_data_without_fn_is_refused():
+    with pytest.raises(TypeError, match=r"segment_sum: data is a tuple of arrays; pass fn="):
+        foldax.segment_sum((jnp.ones(3), jnp.ones(3)), sizes=[3])
+    assert_allclose(foldax.segment_sum([1.0, 2.0, 3.0], sizes=[3]), [6.0], dtype=jnp.float32)
+
+
+def test_block_size_of_bools_is_refused():
+    x = jnp.ones((4, 2))
+    with pytest.raises(TypeError, match=r"pairwise_reduce: block_size must be a static int"):
+        foldax.pairwise_reduce(lambda a, b: jnp.sum(a * b), x, x, block_size=(True, 2))
+
+
+def test_memory_module_exports_its_api_only():
+    public = {n for n in dir(foldax.memory) if not n.startswith("_")}
+    assert public == set(foldax.memory.__all__)

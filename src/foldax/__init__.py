@@ -9,6 +9,7 @@ it and ``foldax bench`` reproduces the numbers.
 """
 
 from . import memory as memory
+from ._checks import debug_checks as debug_checks
 from ._engine import memory_budget as memory_budget
 from ._pairwise import pairwise_reduce as pairwise_reduce
 from ._segment import segment_log_softmax as segment_log_softmax

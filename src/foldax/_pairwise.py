@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from . import _engine, _shard
+from . import _checks, _engine, _shard
 from ._monoid import (
     LOGSUMEXP,
     MAX,
@@ -493,7 +493,7 @@ def _num_rows(name, argname, tree):
         raise ValueError(
             f"{name}: the leaves of {argname} must share their leading size, got {sizes}."
         )
-    return sizes[0]
+    return _checks.concrete_rows(name, f"the leading axis of {argname}", sizes[0])
 
 
 def _block_sizes(name, block_size, m, n):

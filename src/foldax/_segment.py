@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from . import _engine, _fold, _shard
+from . import _checks, _engine, _fold, _shard
 from ._monoid import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def _num_rows(name, data) -> int:
         raise ValueError(
             f"{name}: every leaf of data must have the same leading size N, got {[s[0] for s in shapes]}."
         )
-    return n
+    return _checks.concrete_rows(name, "the leading axis of data", n)
 
 
 def _chunk(name, chunk_size):
@@ -157,8 +157,10 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
             sz = np.diff(static)
             off = static[:-1]
         return _Empty(count) if count == 0 or n == 0 else _Contiguous(sz, off, count)
-    # Traced: values cannot be checked at trace time (documented).
+    # Traced: values cannot be checked at trace time (documented); foldax.debug_checks checks
+    # them at run time.
     x = jnp.asarray(x).astype(jnp.int32)
+    _checks.check_partition(name, arg, x, n)
     if arg == "sizes":
         sz = x
         off = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sz)[:-1]])
@@ -204,7 +206,10 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted):
         # Known and sorted: contiguous segments, the fast tiled path.
         bounds = np.searchsorted(static, np.arange(num_segments + 1), side="left")
         return _Contiguous(np.diff(bounds), bounds[:-1], num_segments)
-    return _Ids(jnp.asarray(segment_ids), num_segments, bool(indices_are_sorted and static is None))
+    promised = bool(indices_are_sorted and static is None)
+    if promised:
+        _checks.check_partition(name, "segment_ids", segment_ids, n)
+    return _Ids(jnp.asarray(segment_ids), num_segments, promised)
 
 
 class _Empty:
@@ -426,7 +431,8 @@ _PARTITION_DOC = """
       num_segments: static int. Required with traced ``segment_ids``; implied by ``sizes`` /
         ``offsets``.
       sizes: contiguous segments given by their sizes ``(S,)``, summing to ``N``. Python ints /
-        NumPy (static, validated) or an int array (traced, with static length; not validated).
+        NumPy (static, validated) or an int array (traced, with static length; the caller's
+        promise, checked at run time inside :func:`foldax.debug_checks`).
       offsets: contiguous segments given by their ``S + 1`` boundaries ``0 = o_0 <= ... <= o_S = N``
         (static or traced, like ``sizes``).
       fn: optional callable mapping a chunk of rows (same pytree as ``data``, leading axis ``C``)
@@ -435,7 +441,10 @@ _PARTITION_DOC = """
       chunk_size: static int, rows per step of the streamed loop, per element of an enclosing
         ``vmap`` (default: chosen when the computation is compiled, from the memory budget and
         the batch of every enclosing ``vmap``; see :func:`foldax.memory_budget`).
-      indices_are_sorted: whether traced ``segment_ids`` are sorted (enables the contiguous path).
+      indices_are_sorted: whether ``segment_ids`` are sorted (enables the contiguous path for
+        traced ids). Known ids are checked (a ValueError if they are not sorted); traced ids are
+        the caller's promise, as in ``jax.ops``, checked at run time inside
+        :func:`foldax.debug_checks`.
       axis_name: inside ``jax.shard_map`` only: the mesh axis name (or tuple) over which the rows
         are split. ``data`` / ``segment_ids`` are then this device's rows (in device order),
         ``sizes`` / ``offsets`` describe all rows, and the result is combined across devices

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from . import _shard
+from . import _checks, _shard
 from ._pairwise import _block_sizes, _monoid_for, pairwise
 
 if TYPE_CHECKING:
@@ -37,8 +37,8 @@ def _batched(name, kernel, rows, cols, batch, block_size, axes=()):
     such as S4's nodes ``z`` for every channel, is neither copied nor given a cotangent per
     batch element). On a mesh, ``cols`` (the poles) are this device's share, split over
     ``axes``."""
-    m = jax.tree.leaves(rows)[0].shape[-1]
-    n = jax.tree.leaves(cols)[0].shape[-1]
+    m = _checks.concrete_rows(name, "the L axis", jax.tree.leaves(rows)[0].shape[-1])
+    n = _checks.concrete_rows(name, "the N axis (states)", jax.tree.leaves(cols)[0].shape[-1])
     block = _block_sizes(name, block_size, m, n)
     monoid = _monoid_for(name, "sum", None, n)
     nb = len(batch)
