@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # mesh_cases.py needs 8 host devices: test_shard.py runs it in subprocesses that have them.
 collect_ignore = [] if "device_count=8" in os.environ.get("XLA_FLAGS", "") else ["mesh_cases.py"]
+# multiprocess_case.py is one process of a jax.distributed run: test_multiprocess.py starts it.
+collect_ignore.append("multiprocess_case.py")
 
 # Implicit promotions (e.g. float32 + float64 arrays) would hide dtype bugs in the library.
 jax.config.update("jax_numpy_dtype_promotion", "strict")

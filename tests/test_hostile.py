@@ -125,7 +125,6 @@ def test_shard_map_without_jit_forward_and_gradient():
 
 
 def test_export_serializes_with_gradients():
-    pytest.importorskip("flatbuffers")
     from jax import export
 
     f = jax.jit(lambda d: foldax.segment_logsumexp(d, sizes=[3, 5]).sum())

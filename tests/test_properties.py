@@ -48,3 +48,64 @@ def test_logsumexp_and_sum_match_reference(sizes, chunk_size, form, features, se
         assert_allclose(outs[name], ref, dtype=np.float32, scale=data_scale(x))
 
     check_each(NAMES, check)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=6),
+    dtype=st.sampled_from([jnp.float16, jnp.bfloat16]),
+    chunk_size=st.one_of(st.none(), st.integers(1, 64)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_half_precision_matches_float32_accumulation(sizes, dtype, chunk_size, seed):
+    """Half-precision values: every reduction accumulates in float32 (whatever the chunk size),
+    so the result is the float64 reference rounded once to the half dtype."""
+    rng = np.random.default_rng(seed)
+    part = Partition(np.asarray(sizes, np.int64))
+    x = np.asarray(jnp.asarray(rng.uniform(-4, 4, part.ids.shape[0]), dtype), np.float64)
+    s = part.num_segments
+    names = ("sum", "mean", "logsumexp", "logmeanexp", "softmax", "max")
+    outs = jit_each(names, lambda n, x: apply(n, x, part.ids, s, "sizes", chunk_size=chunk_size))(
+        jnp.asarray(x, dtype)
+    )
+
+    def check(name):
+        assert outs[name].dtype == dtype
+        ref = reference(name, x, part.ids, s)
+        assert_allclose(
+            outs[name],
+            ref,
+            dtype=dtype,
+            scale=max(1.0, float(np.max(np.abs(x), initial=0))),
+        )
+
+    check_each(names, check)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 200), min_size=1, max_size=5),
+    magnitude=st.sampled_from([1e3, 3e4, 1e5]),
+    sign=st.sampled_from([-1.0, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_large_logits_keep_relative_precision(sizes, magnitude, sign, seed):
+    """Logits near +-1e5 (float32 spacing 0.008 there): softmax and the log-sum-exp gradient
+    keep float32's relative precision (the max and the log-sum are kept apart)."""
+    import jax
+
+    import foldax
+
+    rng = np.random.default_rng(seed)
+    part = Partition(np.asarray(sizes, np.int64))
+    x = (rng.standard_normal(part.ids.shape[0]) * 3 + sign * magnitude).astype(np.float32)
+    x64 = x.astype(np.float64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    want = np.empty_like(x64)
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        e = np.exp(x64[lo:hi] - x64[lo:hi].max())
+        want[lo:hi] = e / e.sum()
+    sm = np.asarray(foldax.segment_softmax(jnp.asarray(x), sizes=sizes), np.float64)
+    g = jax.grad(lambda v: foldax.segment_logsumexp(v, sizes=sizes).sum())(jnp.asarray(x))
+    for got in (sm, np.asarray(g, np.float64)):
+        assert np.max(np.abs(got - want) / want) <= 1e-5
