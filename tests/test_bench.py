@@ -55,7 +55,7 @@ def test_quick_run_reports_missing_peers_as_skipped(quick_run):
     missing = {p for p in _bench.PEERS if not _bench.available(p)}
     assert {s["peer"] for s in results["skipped"]} == missing
     for s in results["skipped"]:
-        assert f"skipped: {s['peer']} (not installed; pip install '{s['extra']}')" in proc.stderr
+        assert f"skipped: {s['peer']} (not installed; pip install -e '{s['extra']}')" in proc.stderr
         assert s["extra"] in (out / "BENCHMARKS.md").read_text()
     impls = {r["impl"] for rows in results["workloads"].values() for r in rows}
     assert ("pykeops (CPU)" in impls) == ("pykeops" not in missing)

@@ -136,9 +136,9 @@ def machine_line(m: dict) -> str:
 
 #: peer -> (module to import, the extra that brings it)
 PEERS = {
-    "torch.segment_reduce": ("torch", "foldax[torch]"),
-    "pykeops": ("pykeops", "foldax[keops]"),
-    "plots (matplotlib)": ("matplotlib", "foldax[plot]"),
+    "torch.segment_reduce": ("torch", ".[torch]"),
+    "pykeops": ("pykeops", ".[keops]"),
+    "plots (matplotlib)": ("matplotlib", ".[plot]"),
 }
 
 
@@ -734,7 +734,7 @@ def render_markdown(results: dict) -> str:
     ]
     if results["skipped"]:
         lines += ["Skipped peers (not installed; the extra brings them):", ""]
-        lines += [f"* {s['peer']}: `pip install '{s['extra']}'`" for s in results["skipped"]]
+        lines += [f"* {s['peer']}: `pip install -e '{s['extra']}'`" for s in results["skipped"]]
         lines.append("")
     for name in WORKLOADS:
         if name not in results["workloads"]:
@@ -881,7 +881,9 @@ def run(quick: bool = False, only=None, out: str = ".", command: str | None = No
     )
     skipped = [{"peer": p, "extra": PEERS[p][1]} for p in PEERS if not available(p)]
     for s in skipped:
-        print(f"skipped: {s['peer']} (not installed; pip install '{s['extra']}')", file=sys.stderr)
+        print(
+            f"skipped: {s['peer']} (not installed; pip install -e '{s['extra']}')", file=sys.stderr
+        )
     prog = Progress(_steps(cfg, names))
     results = {
         "command": command,
