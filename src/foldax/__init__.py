@@ -22,5 +22,6 @@ from ._segment import segment_softmax as segment_softmax
 from ._segment import segment_sum as segment_sum
 from ._ssm import cauchy as cauchy
 from ._ssm import vandermonde as vandermonde
+from ._ssm import vandermonde_transpose as vandermonde_transpose
 
 __version__ = "0.1.0"

@@ -189,6 +189,17 @@ class Monoid:
             )
 
 
+def promote(*dtypes):
+    """The dtype of a result computed from ``dtypes`` (JAX's standard lattice: float32 and
+    complex64 give complex64), whatever the caller's ``jax_numpy_dtype_promotion`` setting: the
+    promotion is foldax's own, explicit, never implicit."""
+    with jax.numpy_dtype_promotion("standard"):
+        out = dtypes[0]
+        for d in dtypes[1:]:
+            out = jnp.promote_types(out, d)
+        return jnp.dtype(out)
+
+
 def _accumulator(dtype):
     """The dtype states are kept in: float32 for half-precision floats (float16 overflows at
     65504 and bfloat16 stops adding 1 at 256, as ``jnp.sum`` knows), else the values' own."""

@@ -8,7 +8,6 @@ state per row of ``x``; every derivative is another such fold, recomputing each 
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from ._monoid import (
     _finite_or_zero,
     _p_extreme,
     _rescale,
+    promote,
 )
 
 if TYPE_CHECKING:
@@ -327,7 +327,7 @@ class SoftmaxSum(Monoid):
         """``(logit state, value state)`` dtypes: float32 for half precision, and the values
         summed at least as precisely as the logits."""
         lg_acc = _accumulator(lg_dtype)
-        return lg_acc, jnp.promote_types(_accumulator(val_dtype), lg_acc)
+        return lg_acc, promote(_accumulator(val_dtype), lg_acc)
 
     def init_aval(self, num, aval):
         lg, val = aval
@@ -725,7 +725,7 @@ def _packed_values(kernel, x, y):
     leaves, tree = jax.tree.flatten(val)
     if len(leaves) == 1:
         return kernel, lambda out: jax.tree.unflatten(tree, [out.astype(leaves[0].dtype)])
-    dtype = functools.reduce(jnp.promote_types, [leaf.dtype for leaf in leaves])
+    dtype = promote(*(leaf.dtype for leaf in leaves))
     ends = np.cumsum([math.prod(leaf.shape) for leaf in leaves])[:-1]
 
     def packed(a, b):

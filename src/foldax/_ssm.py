@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, _shard
+from ._monoid import promote
 from ._pairwise import _block_sizes, _monoid_for, pairwise
 
 if TYPE_CHECKING:
@@ -64,11 +65,12 @@ def _batched(name, kernel, rows, cols, batch, block_size, axes=()):
     return call(jax.tree.map(pad, rows), jax.tree.map(pad, cols), 0)
 
 
-def _distributed(name, local, arrays, kinds, batch, axis_name):
+def _distributed(name, local, arrays, kinds, batch, axis_name, reduced="pole"):
     """Run ``local(*arrays, axes)`` on one device, inside ``shard_map`` (``axis_name`` splits the
-    poles' axis ``N``), or under ``jit`` with arrays on a mesh with Explicit axes: a
-    ``shard_map`` over the axes that split the batch (independent), the nodes ``L`` (independent)
-    and the poles ``N`` (partial sums, one ``psum``).
+    ``reduced`` axis), or under ``jit`` with arrays on a mesh with Explicit axes: a
+    ``shard_map`` over the axes that split the batch (independent), the kept axis (independent)
+    and the ``reduced`` one (partial sums, one ``psum``): the poles ``N`` for the kernels
+    ``(..., L)``, the nodes ``L`` for the transpose ``(..., N)``.
 
     ``kinds[i]`` is ``"pole"`` or ``"node"``: what the last axis of ``arrays[i]`` is.
     """
@@ -107,12 +109,13 @@ def _distributed(name, local, arrays, kinds, batch, axis_name):
 
     specs = [spec_of(a, k) for a, k in zip(arrays, kinds, strict=True)]
     placed = [_shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, specs, strict=True)]
-    poles = _shard.spec_axes(last["pole"])
+    split = _shard.spec_axes(last[reduced])
+    kept = "node" if reduced == "pole" else "pole"
     run = jax.shard_map(
-        lambda *arrs: local(*arrs, poles),
+        lambda *arrs: local(*arrs, split),
         mesh=mesh,
         in_specs=tuple(specs),
-        out_specs=P(*batch_spec, last["node"]),
+        out_specs=P(*batch_spec, last[kept]),
         axis_names=_shard.manual_axes(mesh, flat),
         check_vma=False,
     )
@@ -278,3 +281,67 @@ def vandermonde(
         return _batched(name, kernel, ls, (v, x), _batch_shape(name, v=v, x=x), block_size, axes)
 
     return _distributed(name, local, (v, x), ("pole", "pole"), batch, axis_name)
+
+
+def vandermonde_transpose(
+    u: ArrayLike,
+    v: ArrayLike,
+    x: ArrayLike,
+    *,
+    block_size: int | tuple[int, int] | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array:
+    """The transpose of S4D's Vandermonde kernel: ``out[n] = v[n] sum_l u[l] exp(x[n] l)``.
+
+    .. math:: \\mathrm{out}_n = v_n \\sum_{l<L} u_l \\, e^{x_n l}
+
+    What S4 uses to map an input sequence ``u`` to a state (the adjoint of
+    :func:`vandermonde`, whose ``k[l] = sum_n v[n] exp(x[n] l)``): never the ``(L, N)`` matrix.
+
+    Args:
+      u: the sequence ``(..., L)``, real or complex.
+      v: coefficients ``(..., N)``.
+      x: exponents ``(..., N)`` (e.g. ``dt * A``). Leading dimensions of all three broadcast.
+      block_size: static int or pair ``(bn, bl)``: states by steps per tile, per batch element
+        (default: planned from the memory budget, see :func:`foldax.memory_budget`).
+      axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) splitting ``L``; ``u`` is
+        this device's share of the sequence (in device order) and the partial sums are added.
+        Under ``jax.jit`` arrays sharded on a mesh with Explicit axes are distributed without it.
+
+    Returns:
+      ``(*batch, N)`` in the result dtype of ``u``, ``v`` and ``x``.
+
+    Memory: ``O(tile + (L + N) * batch)`` temp, forward and backward; gradients for ``u``, ``v``
+    and ``x`` (the backward pass recomputes every tile; it saves the inputs only).
+
+    Example:
+      >>> import jax.numpy as jnp, foldax
+      >>> u = jnp.array([1.0, 2.0, 0.5]); v = jnp.array([1.0 + 0j, 0.5j])
+      >>> x = jnp.array([-0.5 + 1j, -0.1 + 0j])
+      >>> out = foldax.vandermonde_transpose(u, v, x)
+      >>> e = jnp.exp(x[:, None] * jnp.arange(3).astype(x.dtype))  # (N, L)
+      >>> bool(jnp.allclose(out, v * (e @ u.astype(x.dtype))))
+      True
+    """
+    name = "foldax.vandermonde_transpose"
+    _check_1d(name, u=u, v=v, x=x)
+    u, v, x = jnp.asarray(u), jnp.asarray(v), jnp.asarray(x)
+    _check_poles(name, False, v=v, x=x)
+    batch = _batch_shape(name, u=u, v=v, x=x)
+    dtype = promote(u.dtype, v.dtype, x.dtype)
+    v, x = v.astype(dtype), x.astype(dtype)  # u keeps its dtype: cast per tile, never whole
+
+    def kernel(vx, step_u):
+        (vn, xn), (step, ul) = vx, step_u
+        return vn * ul.astype(dtype) * jnp.exp(xn * step.astype(xn.dtype))
+
+    def local(u, v, x, axes):
+        length = u.shape[-1]
+        first = _shard.device_index(axes) * length if axes else 0
+        ls = first + jnp.arange(length, dtype=jnp.int32)
+        ls = ls.astype(jnp.finfo(dtype).dtype)
+        return _batched(
+            name, kernel, (v, x), (ls, u), _batch_shape(name, u=u, v=v, x=x), block_size, axes
+        )
+
+    return _distributed(name, local, (u, v, x), ("node", "pole", "pole"), batch, axis_name, "node")
