@@ -336,6 +336,37 @@ def test_kmin_against_argpartition(rng, k):
         assert_allclose(vals, np.take_along_axis(d, ref_idx, 1), dtype=np.float32, err_msg=b)
 
 
+def test_extremum_on_its_preferred_block(rng):
+    """min / max / argmin / argmax on the planner's block for them ((8, 1024): a clamped last
+    block of y) with ties, NaN (first NaN wins, also in the clamped block) and NaN-only rows;
+    and the rule that picks that block."""
+    from foldax._engine._plan import dense_block
+
+    assert dense_block(2**14, 20_000, 20_000, (8, 1024)) == (8, 1024)
+    assert dense_block(2**14, 500, 100, (8, 1024)) == (81, 100)  # as many pairs as asked
+    assert dense_block(2**13, 500, 20_000, (8, 1024)) == (8, 1024)
+    assert dense_block(2**11, 500, 20_000, (8, 1024)) == (2, 1024)  # within the budget
+    assert dense_block(2**9, 500, 20_000, (8, 1024)) == dense_block(2**9, 500, 20_000)
+    m, n = 21, 2500
+    p = rng.integers(-3, 4, (m, 3)).astype(F32)
+    q = rng.integers(-3, 4, (n, 3)).astype(F32)
+    a = np.full(m, -1, np.int32)
+    a[:4] = [0, 1, 2, 3]
+    b = np.full(n, -2, np.int32)
+    b[[2401, 1500, 7, 1030, 2499]] = [0, 1, 1, 2, 2]  # row 0: NaN in the clamped block only
+    b[1024:] = np.where(np.arange(1024, n) % 3 == 0, 3, b[1024:])  # row 3: NaN from column 1026
+    d = np_nan((p, a), (q, b))
+    assert np.isnan(d[:4]).any(axis=1).all() and not np.isnan(d[4:]).any()
+    names = ("min", "max", "argmin", "argmax")
+    outs = jax.jit(
+        lambda x, y: {r: foldax.pairwise_reduce(k_nan, x, y, reduction=r) for r in names}
+    )((p, a), (q, b))
+    ref = {"min": np.min(d, 1), "max": np.max(d, 1), "argmin": np.argmin(d, 1)}
+    ref["argmax"] = np.argmax(d, 1)
+    for r in names:
+        np.testing.assert_array_equal(np.asarray(outs[r]), ref[r], err_msg=r)
+
+
 def test_integer_kernel_argmin_max(rng):
     xi = rng.integers(0, 10, (M, 2)).astype(np.int32)
     yi = rng.integers(0, 10, (N, 2)).astype(np.int32)

@@ -304,14 +304,28 @@ class _Extremum(Monoid):
             jnp.zeros((num, *fshape), jnp.int32),
         )
 
+    #: Preferred dense block ``(bi, bj)`` when ``y`` is walked transposed (a kernel without a
+    #: dot product): 8192 pairs, their values L1-resident, ``j`` long enough to vectorise
+    #: (see :func:`foldax._engine._plan.dense_block`).
+    dense_tile = (8, 1024)
+
     def reduce(self, v, mask):
-        w = jnp.where(_tile_mask(mask, v), v, jnp.asarray(self._identity(v.dtype), v.dtype))
+        mv = _tile_mask(mask, v)
+        w = jnp.where(mv, v, jnp.asarray(self._identity(v.dtype), v.dtype))
         m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
-        if jnp.issubdtype(v.dtype, jnp.floating):
-            # XLA:CPU's vectorised reduce-max may drop NaN: propagate it explicitly.
-            m = jnp.where(jnp.any(jnp.isnan(w), axis=1), jnp.asarray(np.nan, v.dtype), m)
-        hit = (w == m[:, None]) & _tile_mask(mask, v)
-        return (m, jnp.sum(hit, axis=1, dtype=jnp.int32))
+        hit = (w == m[:, None]) & mv
+        t = v.shape[1]
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return (m, jnp.sum(hit, axis=1, dtype=jnp.int32))
+        # XLA:CPU's vectorised reduce-max may drop NaN: propagate it explicitly. The NaNs are
+        # counted in the same integer sum as the hits, weighted T + 1 (no separate any-reduce).
+        if t * (t + 1) < 2**31:
+            c = jnp.sum(jnp.where(w != w, t + 1, hit.astype(jnp.int32)), axis=1, dtype=jnp.int32)
+            nan = c > t
+            m = jnp.where(nan, jnp.asarray(np.nan, v.dtype), m)
+            return (m, jnp.where(nan, 0, c))
+        m = jnp.where(jnp.any(jnp.isnan(w), axis=1), jnp.asarray(np.nan, v.dtype), m)
+        return (m, jnp.sum(hit & (w == m[:, None]), axis=1, dtype=jnp.int32))
 
     def combine(self, a, b):
         m = self._better(a[0], b[0])

@@ -66,22 +66,30 @@ class ArgExtremum(Monoid):
             better = (better & ~jnp.isnan(b)) | (jnp.isnan(a) & ~jnp.isnan(b))
         return better
 
+    #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`.
+    dense_tile = (8, 1024)
+
     def reduce(self, v, mask, index):
         # Values first (a plain vectorised min / max), then the index: the first column that
-        # attains it (a second min, over indices). jnp.argmin's variadic (value, index) reduce
-        # does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised min / max
-        # may drop NaN, so NaN rows are found apart and take their first NaN.
+        # attains it (a second min, over column numbers). jnp.argmin's variadic (value, index)
+        # reduce does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised
+        # min / max may drop NaN, so NaN columns rank before the hits in that same min: a NaN
+        # row takes its first NaN.
         fill = self.init(1, (), v.dtype)[0][0]
-        w = jnp.where(_expand(mask, v.ndim), v, fill)
-        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
         m = _expand(mask, v.ndim)
+        w = jnp.where(m, v, fill)
+        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
         hit = (w == best[:, None]) & m
-        if jnp.issubdtype(v.dtype, jnp.floating):
-            nan = jnp.isnan(w) & m
-            any_nan = jnp.any(nan, axis=1)
-            hit = jnp.where(any_nan[:, None], nan, hit)
-            best = jnp.where(any_nan, jnp.asarray(np.nan, v.dtype), best)
-        return (best, _first_index(hit, index))
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return (best, _first_index(hit, index))
+        t = v.shape[1]
+        col = _expand(lax.broadcasted_iota(jnp.int32, (1, t), 1), v.ndim)
+        # NaN columns rank 0 .. T - 1, hits T .. 2T - 1, the rest 2T (masked cells are not NaN)
+        r = jnp.min(jnp.where(w != w, col, jnp.where(hit, col + t, 2 * t)), axis=1)
+        nan = r < t
+        best = jnp.where(nan, jnp.asarray(np.nan, v.dtype), best)
+        first = jnp.where(r < 2 * t, jnp.take(index, r % t, mode="clip"), _NO_INDEX)
+        return (best, first.astype(jnp.int32))
 
     def allreduce(self, state, axes):
         val, idx = state
@@ -189,10 +197,10 @@ class KMin(Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
     NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
-    every real entry. A tile is never sorted: :meth:`combine` compares it with each row's k-th
-    best (one vectorised pass; few entries beat it once a row has seen a few tiles), gathers
-    the rows that have such entries and inserts them in order, smallest first, comparing exact
-    integer sort keys (:func:`_sort_key`).
+    every real entry. A tile is never sorted: :meth:`combine` compares each row's smallest
+    value in the tile with its k-th best (one vectorised min; few rows can improve once they
+    have seen a few tiles), gathers the rows that may and inserts their entries in order,
+    smallest first, comparing exact integer sort keys (:func:`_sort_key`).
     """
 
     needs_index = True
@@ -227,11 +235,12 @@ class KMin(Monoid):
     def _merge_tile(self, st, tile):
         """Fold a tile into the state: only the rows with entries beating their k-th best."""
         v, mask, index = tile.v, tile.mask, tile.index
-        kth, kth_i = st[0][:, -1:], st[1][:, -1:]
-        beats = _lex_less(v, index[None, :], kth, kth_i)
-        if jnp.issubdtype(v.dtype, jnp.floating):  # NaN last: it beats only an empty slot
-            beats = beats | (jnp.isnan(kth) & (~jnp.isnan(v) | (index[None, :] < kth_i)))
-        need = jnp.any(beats & mask, axis=1)
+        # The rows that may have entries beating their k-th best: the tile's smallest value is
+        # not above it (one vectorised min, like reduction="min"; a superset of the rows that
+        # do -- ties, NaN, an empty slot's NaN -- which the exact insertion sorts out).
+        high = jnp.inf if jnp.issubdtype(v.dtype, jnp.floating) else jnp.iinfo(v.dtype).max
+        low = jnp.min(jnp.where(mask, v, jnp.asarray(high, v.dtype)), axis=1)
+        need = ~(low > st[0][:, -1])
         g = min(self.ROWS, v.shape[0])
         rank = jnp.cumsum(need.astype(jnp.int32)) - 1
         groups = (jnp.sum(need, dtype=jnp.int32) + g - 1) // g

@@ -280,7 +280,8 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
     mon, axes = spec.monoid, spec.axes + spec.ring
     n = spec.plan.n
     first = _shard.device_index(spec.axes) * n if spec.axes and spec.plan.kind == "dense" else 0
-    plan0 = make_plan(spec.plan, arrays, units, first)
+    tile = getattr(mon, "dense_tile", None)  # a reduction's preferred dense block
+    plan0 = make_plan(spec.plan, arrays, units, first, tile)
     if mon is not None:
         probe = _probe_avals(spec, jax.tree.map(_aval, (arrays, consts, slots, rows)), 2, 2)
         vals = jax.eval_shape(spec.body, *probe)[0]
@@ -311,7 +312,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
     def sweep(carry, rows, first):
         # The step counter is carried (an ``xs`` of step indices would be an array as long as
         # the number of steps, which for a dense plan grows like M * N).
-        plan = make_plan(spec.plan, arrays, units, first)
+        plan = make_plan(spec.plan, arrays, units, first, tile)
         zero = jnp.zeros((), jnp.int32)
         if spec.plan.kind != "dense":
             body = lambda c, x: step(plan, rows, c, x)  # noqa: E731
