@@ -25,12 +25,14 @@ from ._monoid import (
     MAX,
     MIN,
     SUM,
+    LogSumExp,
     Monoid,
     _accumulator,
     _expand,
     _finite_or_zero,
     _p_extreme,
     _rescale,
+    lse_weights,
     promote,
 )
 
@@ -449,6 +451,54 @@ class SoftmaxSum(Monoid):
         return (d_out, d_lse)
 
 
+class WeightedLogSumExp(LogSumExp):
+    """``log sum_j w_j exp(l_j)`` (weights ``w >= 0``): KeOps' LogSumExp with weights, used in
+    optimal transport and mixture likelihoods. Value: a pair ``(logit, weight)``.
+
+    State ``(m, s)`` as for :class:`~foldax._monoid.LogSumExp`, with ``m`` the max logit among
+    positive weights (a zero weight never sets the shift, so ``s`` cannot underflow to 0 when a
+    weighted term is far below an unweighted one). Derivatives: ``d/dl_j = w_j e_j`` and
+    ``d/dw_j = e_j`` with ``e_j = exp(l_j - out)``, finite at ``w_j = 0``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "name", "logsumexp (weighted)")
+
+    def value_aval(self, tile_aval):
+        lg, _ = tile_aval
+        return jax.ShapeDtypeStruct(lg.shape[2:], lg.dtype)
+
+    def init_aval(self, num, aval):
+        return self.init(num, aval.shape, aval.dtype)
+
+    def reduce(self, v, mask):
+        lg, w = v
+        acc = _accumulator(lg.dtype)
+        lg, w = lg.astype(acc), w.astype(acc)
+        live = mask & (w > 0)
+        m = jnp.max(jnp.where(live, lg, jnp.asarray(-np.inf, acc)), axis=1)
+        e = jnp.exp(lg - _finite_or_zero(m)[:, None])
+        return (m, jnp.sum(jnp.where(live, w * e, jnp.zeros((), acc)), axis=1))
+
+    def _e(self, lg, mask, info):
+        """``exp(l - out)`` where the pair counts (0 elsewhere), in the state's dtype."""
+        return lse_weights(lg, mask, *(a[:, None] for a in info))
+
+    def row_cotangent(self, v, mask, info, g):
+        lg, w = v
+        e = self._e(lg, mask, info)
+        gl = g[0][:, None].astype(e.dtype)
+        return ((gl * w.astype(e.dtype) * e).astype(lg.dtype), (gl * e).astype(w.dtype))
+
+    def tangent(self, v, dv, mask, info):
+        (lg, w), (dl, dw) = v, dv
+        e = self._e(lg, mask, info)
+        t = jnp.sum(e * (w.astype(e.dtype) * dl.astype(e.dtype) + dw.astype(e.dtype)), axis=1)
+        zero = jnp.zeros_like(t)
+        return (t, zero, zero)
+
+
 REDUCTIONS = ("sum", "logsumexp", "max", "min", "argmax", "argmin", "kmin", "softmax")
 
 
@@ -624,6 +674,14 @@ def _has_dot(jaxpr) -> bool:
     return False
 
 
+def _returns_pair(kernel, x, y) -> bool:
+    try:
+        aval = jax.eval_shape(kernel, _row_avals(x), _row_avals(y))
+    except Exception:  # reported by _check_kernel_output
+        return False
+    return isinstance(aval, tuple | list) and len(aval) == 2
+
+
 def _check_kernel_output(name, monoid, kernel, x, y):
     xi, yj = _row_avals(x), _row_avals(y)
     try:
@@ -633,6 +691,15 @@ def _check_kernel_output(name, monoid, kernel, x, y):
             f"{name}: kernel(xi, yj) failed on one row of x and one row of y "
             f"(shapes {jax.tree.map(lambda a: a.shape, xi)}, {jax.tree.map(lambda a: a.shape, yj)}): {e}"
         ) from e
+    if isinstance(monoid, WeightedLogSumExp):
+        if any(jnp.shape(a) != jnp.shape(aval[0]) for a in aval):
+            raise TypeError(
+                f"{name}: a weighted logsumexp kernel returns (logit, weight) of one shape, "
+                f"got {aval}."
+            )
+        for part, what in zip(aval, ("logit", "weight"), strict=True):
+            monoid.check_dtype(name, f"the kernel's {what}", part.dtype)
+        return
     if isinstance(monoid, SoftmaxSum):
         ok = isinstance(aval, tuple | list) and len(aval) == 2
         if not ok or jnp.shape(aval[0]) != ():
@@ -714,6 +781,8 @@ def pairwise_reduce(
     if not isinstance(reduction, str):
         raise TypeError(f"{name}: reduction must be a string, got {type(reduction).__name__}.")
     monoid = _monoid_for(name, reduction, k, n)
+    if reduction == "logsumexp" and _returns_pair(kernel, x, y):
+        monoid = WeightedLogSumExp()
     _check_kernel_output(name, monoid, kernel, x, y)
     unpack = None
     if isinstance(monoid, SoftmaxSum):

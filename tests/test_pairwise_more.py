@@ -1,0 +1,96 @@
+"""KeOps' other forms of a pairwise reduction: a log-sum-exp with weights, and masks that skip
+the tiles they remove (causal, sliding-window and block-sparse reductions)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_allclose
+from jax.test_util import check_grads
+
+import foldax
+from foldax.memory import report
+
+
+def _sq(a, b):
+    return -jnp.sum((a - b) ** 2)
+
+
+def _weighted_kernel(a, b):
+    yj, wj = b
+    return _sq(a, yj), wj
+
+
+def _weighted_reference(x, y, w):
+    d = -((np.asarray(x, np.float64)[:, None] - np.asarray(y, np.float64)[None]) ** 2).sum(-1)
+    m = np.max(np.where(np.asarray(w)[None] > 0, d, -np.inf), axis=1, keepdims=True)
+    shift = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        s = (np.asarray(w, np.float64)[None] * np.exp(d - shift)).sum(1, keepdims=True)
+        return (shift + np.log(s))[:, 0]
+
+
+@pytest.mark.parametrize(("m", "n", "block"), [(30, 50, None), (7, 129, (4, 16)), (1, 1, None)])
+def test_weighted_logsumexp_matches_float64(rng, m, n, block):
+    x = rng.standard_normal((m, 2)).astype(np.float32)
+    y = rng.standard_normal((n, 2)).astype(np.float32) * 3
+    w = rng.uniform(0, 2, n).astype(np.float32)
+    w[::3] = 0.0
+    if n > 1:
+        w[0] = 1e-30  # tiny but positive: it still counts
+    got = foldax.pairwise_reduce(
+        _weighted_kernel, x, (y, w), reduction="logsumexp", block_size=block
+    )
+    assert_allclose(got, _weighted_reference(x, y, w), dtype=np.float32, scale=20)
+
+
+def test_weighted_logsumexp_gradients(rng):
+    x = rng.standard_normal((12, 2)).astype(np.float32)
+    y = rng.standard_normal((40, 2)).astype(np.float32)
+    w = rng.uniform(0.1, 2, 40).astype(np.float32)
+
+    def f(x, w):
+        return foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
+
+    check_grads(f, (x, w), order=2, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2)
+    # at a zero weight the derivative is exp(l - out): finite, not NaN
+    w0 = w.copy()
+    w0[5] = 0.0
+    gw = jax.grad(lambda w: f(x, w).sum())(w0)
+    d = -((x.astype(np.float64)[:, None] - y.astype(np.float64)[None]) ** 2).sum(-1)
+    want = np.exp(d - _weighted_reference(x, y, w0)[:, None]).sum(0)
+    assert_allclose(gw, want, dtype=np.float32, scale=10)
+
+
+def test_weighted_logsumexp_of_all_zero_weights_is_minus_inf_with_zero_gradients():
+    x, y = jnp.ones((3, 2)), jnp.zeros((5, 2))
+    w = jnp.zeros(5)
+    out = foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
+    assert np.all(np.asarray(out) == -np.inf)
+    g = jax.grad(
+        lambda x: jnp.sum(
+            jnp.where(
+                jnp.isfinite(
+                    o := foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
+                ),
+                o,
+                0.0,
+            )
+        )
+    )(x)
+    assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) == 0)
+
+
+def test_weighted_logsumexp_memory_flat_in_n():
+    def temp(n):
+        c = jax.ShapeDtypeStruct
+        args = (c((256, 3), jnp.float32), (c((n, 3), jnp.float32), c((n,), jnp.float32)))
+        f = lambda x, yw: foldax.pairwise_reduce(_weighted_kernel, x, yw, reduction="logsumexp")  # noqa: E731
+        g = jax.grad(lambda x, yw: f(x, yw).sum(), argnums=(0, 1))
+        return report(f, *args).temp_bytes, report(g, *args).temp_bytes
+
+    small, big = temp(4096), temp(16384)
+    for s, b in zip(small, big, strict=True):
+        assert b <= 1.15 * s + 64 * 16384, (small, big)  # + O(N) cotangent of the weights
