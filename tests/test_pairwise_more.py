@@ -94,3 +94,43 @@ def test_weighted_logsumexp_memory_flat_in_n():
     small, big = temp(4096), temp(16384)
     for s, b in zip(small, big, strict=True):
         assert b <= 1.15 * s + 64 * 16384, (small, big)  # + O(N) cotangent of the weights
+
+
+@pytest.mark.parametrize("is_max", [False, True])
+def test_extremum_with_index_in_one_pass(rng, is_max):
+    x = rng.standard_normal((33, 3)).astype(np.float32)
+    y = rng.standard_normal((150, 3)).astype(np.float32)
+    y[100] = y[7]  # exact ties: the lower index wins
+    y[40, 0] = np.nan  # a NaN distance is the extreme, like NumPy
+    kernel = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+    both, plain, arg = (
+        ("max_argmax", "max", "argmax") if is_max else ("min_argmin", "min", "argmin")
+    )
+    val, idx = foldax.pairwise_reduce(kernel, x, y, reduction=both, block_size=(8, 32))
+    d = ((x.astype(np.float64)[:, None] - y.astype(np.float64)[None]) ** 2).sum(-1)
+    want_idx = np.argmax(d, 1) if is_max else np.argmin(d, 1)
+    np.testing.assert_array_equal(idx, want_idx)
+    np.testing.assert_array_equal(idx, foldax.pairwise_reduce(kernel, x, y, reduction=arg))
+    assert_allclose(val, d[np.arange(33), want_idx], dtype=np.float32, scale=10)
+    finite = np.delete(y, 40, axis=0)
+    f_both = lambda x: foldax.pairwise_reduce(kernel, x, finite, reduction=both)[0]  # noqa: E731
+    f_plain = lambda x: foldax.pairwise_reduce(kernel, x, finite, reduction=plain)  # noqa: E731
+    g = jax.grad(lambda x: f_both(x).sum())(x)
+    assert_allclose(g, jax.grad(lambda x: f_plain(x).sum())(x), dtype=np.float32)
+    t = jax.jvp(f_both, (x,), (np.ones_like(x),))[1]
+    assert_allclose(t, jax.jvp(f_plain, (x,), (np.ones_like(x),))[1], dtype=np.float32)
+
+
+def test_extremum_with_index_memory_flat_in_n():
+    def temp(n):
+        c = jax.ShapeDtypeStruct
+        args = (c((512, 3), jnp.float32), c((n, 3), jnp.float32))
+        f = lambda x, y: foldax.pairwise_reduce(  # noqa: E731
+            lambda a, b: jnp.sum((a - b) ** 2), x, y, reduction="min_argmin"
+        )
+        g = jax.grad(lambda x, y: f(x, y)[0].sum(), argnums=(0, 1))
+        return report(f, *args).temp_bytes, report(g, *args).temp_bytes
+
+    small, big = temp(4096), temp(16384)
+    for s, b in zip(small, big, strict=True):  # + O(N): y walked transposed, (3, N) float32
+        assert b <= 1.15 * s + 2 * 12 * (16384 - 4096), (small, big)

@@ -114,6 +114,43 @@ class ArgExtremum(Monoid):
         return (None,)  # an index has no derivative
 
 
+class ExtremumWithIndex(ArgExtremum):
+    """The min / max over ``j`` and its index in one pass (KeOps' ``min_argmin``): the index as
+    :class:`ArgExtremum` finds it, the value differentiable (its cotangent and tangent go to the
+    pair at the index)."""
+
+    def __init__(self, is_max):
+        super().__init__(is_max)
+        object.__setattr__(self, "name", "max_argmax" if is_max else "min_argmin")
+
+    n_outputs = 2
+
+    def outputs(self, st):
+        return st
+
+    def result(self, outputs):
+        return tuple(outputs)
+
+    def info(self, outputs):
+        return (outputs[1],)
+
+    @staticmethod
+    def _at_index(v, mask, idx, index):
+        """Where each tile cell is its slot's chosen pair ``(G, T, *F)``."""
+        col = _expand(index[None, :], v.ndim)
+        return (col == idx[:, None]) & _expand(mask, v.ndim)
+
+    def row_cotangent(self, v, mask, info, g, index):
+        (idx,) = info
+        ct = jnp.broadcast_to(g[0][:, None].astype(v.dtype), v.shape)
+        return jnp.where(self._at_index(v, mask, idx, index), ct, jnp.zeros((), v.dtype))
+
+    def tangent(self, v, dv, mask, info, index):
+        (idx,) = info
+        hit = self._at_index(v, mask, idx, index)
+        return (jnp.sum(jnp.where(hit, dv, jnp.zeros((), dv.dtype)), axis=1), None)
+
+
 _NO_INDEX = np.iinfo(np.int32).max
 
 
@@ -499,7 +536,18 @@ class WeightedLogSumExp(LogSumExp):
         return (t, zero, zero)
 
 
-REDUCTIONS = ("sum", "logsumexp", "max", "min", "argmax", "argmin", "kmin", "softmax")
+REDUCTIONS = (
+    "sum",
+    "logsumexp",
+    "max",
+    "min",
+    "argmax",
+    "argmin",
+    "max_argmax",
+    "min_argmin",
+    "kmin",
+    "softmax",
+)
 
 
 def _monoid_for(name, reduction, k, n):
@@ -526,6 +574,8 @@ def _monoid_for(name, reduction, k, n):
         "min": MIN,
         "argmax": ArgExtremum(True),
         "argmin": ArgExtremum(False),
+        "max_argmax": ExtremumWithIndex(True),
+        "min_argmin": ExtremumWithIndex(False),
         "softmax": SoftmaxSum(),
     }
     if reduction not in table:
@@ -737,13 +787,16 @@ def pairwise_reduce(
     Args:
       kernel: ``kernel(xi, yj)`` of one row of ``x`` and one row of ``y`` (pytrees allowed; real
         or complex), returning a scalar or a small array ``F``; for ``reduction="softmax"`` a
-        pair ``(logit, value)`` with a scalar real logit. It may close over arrays; gradients
-        flow to them.
+        pair ``(logit, value)`` with a scalar real logit (``value`` any pytree of arrays, of
+        any float dtypes: mixed precision is fine); for ``reduction="logsumexp"`` it may return
+        a pair ``(logit, weight)`` (weights ``>= 0``): ``log sum_j w_ij exp(logit_ij)``. It may
+        close over arrays; gradients flow to them.
       x: array or pytree of arrays with leading axis ``M`` (the rows that are kept).
       y: array or pytree of arrays with leading axis ``N`` (the rows reduced over).
       reduction: ``"sum"``, ``"logsumexp"``, ``"max"``, ``"min"``, ``"argmax"``, ``"argmin"``,
-        ``"kmin"`` (the ``k`` smallest) or ``"softmax"`` (softmax-weighted sum of values:
-        exact attention). Static.
+        ``"max_argmax"`` / ``"min_argmin"`` (value and index in one pass), ``"kmin"`` (the
+        ``k`` smallest) or ``"softmax"`` (softmax-weighted sum of values: exact attention).
+        Static.
       k: static int, ``0 < k <= N``, for ``"kmin"`` only.
       block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile, per
         element of an enclosing ``vmap`` (default: chosen when the computation is compiled, from
@@ -757,7 +810,8 @@ def pairwise_reduce(
 
     Returns:
       ``(M, *F)`` for sum / logsumexp / max / min / softmax (``F`` of the value); ``(M, *F)``
-      int32 indices for argmax / argmin (first occurrence, NaN counts as extreme, like NumPy);
+      int32 indices for argmax / argmin (first occurrence, NaN counts as extreme, like NumPy;
+      ``2**31 - 1`` when ``N = 0``); a pair ``(values, indices)`` for max_argmax / min_argmin;
       for ``"kmin"`` a pair ``(values (M, k), indices (M, k) int32)``, ascending, ties by the
       lower index, NaN last (like ``np.argsort(kind="stable")``).
 
@@ -890,7 +944,7 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
             jax.tree.map(_shard.rows_spec(y_axes), y),
             [P() for _ in consts],
         ),
-        out_specs=(out, out) if isinstance(monoid, KMin) else out,
+        out_specs=(out, out) if isinstance(monoid, KMin | ExtremumWithIndex) else out,
         axis_names=_shard.manual_axes(mesh, x_axes + y_axes),
         check_vma=False,
     )
