@@ -176,12 +176,14 @@ class Monoid:
             "number": jnp.issubdtype(dtype, jnp.number),
             "real": jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating),
             "float": jnp.issubdtype(dtype, jnp.floating),
+            "inexact": jnp.issubdtype(dtype, jnp.inexact),
         }[self.accepts]
         if not ok:
             want = {
                 "number": "a numeric dtype",
                 "real": "an integer or real floating dtype",
                 "float": "a real floating dtype (float16/bfloat16/float32/float64)",
+                "inexact": "a floating or complex dtype",
             }[self.accepts]
             raise TypeError(
                 f"{fname}: the values reduced ({argname}) have dtype {dtype}, but this reduction "
@@ -243,11 +245,11 @@ class Sum(Monoid):
 
 
 class Mean(Monoid):
-    """State: (sum, count). The count is per segment (no feature axes), int32; half-precision
-    values are summed in float32 (the engine casts the result back to the values' dtype)."""
+    """State: (sum, count). The count is per segment (no feature axes), int32; real or complex
+    values; half-precision values are summed in float32 (the engine casts the result back to the values' dtype)."""
 
     def __init__(self):
-        super().__init__("mean", "float")
+        super().__init__("mean", "inexact")
 
     def init(self, num, fshape, dtype):
         return (jnp.zeros((num, *fshape), _accumulator(dtype)), jnp.zeros((num,), jnp.int32))
@@ -280,7 +282,8 @@ class Mean(Monoid):
 
     def row_cotangent(self, v, mask, info, g):
         (count,) = info
-        share = (g[0].astype(count.dtype) / jnp.maximum(count, 1)).astype(v.dtype)
+        dt = g[0].dtype if jnp.issubdtype(g[0].dtype, jnp.complexfloating) else count.dtype
+        share = (g[0].astype(dt) / jnp.maximum(count, 1).astype(dt)).astype(v.dtype)
         ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
 
@@ -473,11 +476,259 @@ def lse_weights(v, ok, m, rel):
     return jnp.exp(z)
 
 
+class Prod(Monoid):
+    """State: (the product of the non-zero values, the number of zeros), both per element; half
+    precision multiplies in float32. The result is 0 where a zero was seen, else the product.
+
+    Outputs: the result, the product of the non-zeros ``P`` and the zero count. The derivative
+    of the result in ``x_i`` is ``P / x_i`` without zeros, ``P`` for the only zero, else 0: no
+    division by 0. ``P`` is an output with its own tangent, so second derivatives flow."""
+
+    def __init__(self):
+        super().__init__("prod", "number")
+
+    def init(self, num, fshape, dtype):
+        acc = _accumulator(dtype)
+        return (jnp.ones((num, *fshape), acc), jnp.zeros((num, *fshape), jnp.int32))
+
+    def reduce(self, v, mask):
+        m = _tile_mask(mask, v)
+        nz = jnp.where(m & (v != 0), v, jnp.ones((), v.dtype))
+        p = jnp.prod(nz.astype(_accumulator(v.dtype)), axis=1)
+        return (p, jnp.sum(m & (v == 0), axis=1, dtype=jnp.int32))
+
+    def combine(self, a, b):
+        return (a[0] * b[0], a[1] + b[1])
+
+    def scatter(self, carry, seg, st):
+        return (carry[0].at[seg].multiply(st[0], mode="drop"), _add_at(carry[1], seg, st[1]))
+
+    n_outputs = 3
+
+    def finalize(self, st):
+        return jnp.where(st[1] > 0, jnp.zeros((), st[0].dtype), st[0])
+
+    def outputs(self, st):
+        return (self.finalize(st), *st)
+
+    def info(self, outputs):
+        # the zero count as float32: an integer slot of a derivative fold would take a float0
+        # cotangent (the engine sums slot cotangents)
+        return (outputs[1], outputs[2].astype(jnp.float32))
+
+    def _weights(self, v, mask, info):
+        """``(d result / dv, d P / dv)`` per value ``(G, T, *F)``."""
+        p, zeros = (a[:, None] for a in info)
+        m = _tile_mask(mask, v)
+        p = p.astype(v.dtype)
+        is0 = v == 0
+        others = p / jnp.where(is0, jnp.ones((), v.dtype), v)  # P / x_i, or P at a zero
+        dp = jnp.where(m & ~is0, others, jnp.zeros((), v.dtype))
+        dres = jnp.where(zeros == 0, dp, jnp.where(m & is0 & (zeros == 1), p, 0 * p))
+        return dres, dp
+
+    def row_cotangent(self, v, mask, info, g):
+        dres, dp = self._weights(v, mask, info)
+        ct = g[0][:, None].astype(v.dtype) * dres
+        if g[1] is not None:
+            ct = ct + g[1][:, None].astype(v.dtype) * dp
+        return ct
+
+    def tangent(self, v, dv, mask, info):
+        dres, dp = self._weights(v, mask, info)
+        return (jnp.sum(dres * dv, axis=1), jnp.sum(dp * dv, axis=1).astype(info[0].dtype), None)
+
+
+class Var(Monoid):
+    """Variance (``std``: its square root) with ``ddof``, from the mergeable state
+    ``(count, mean, M2)`` (Chan et al.): a tile's mean and sum of squared deviations are exact
+    two-pass sums, and states merge with ``M2 = M2_a + M2_b + d^2 n_a n_b / n``; never
+    ``E[x^2] - E[x]^2``. Half precision accumulates in float32. The count is per segment.
+
+    Outputs: the result, the mean and the count. The derivative of the variance in ``x_i`` is
+    ``2 (x_i - mean) / (n - ddof)``; the mean is an output with its own tangent, so second
+    derivatives flow. Segments with ``n <= ddof`` give NaN and a zero gradient."""
+
+    def __init__(self, ddof=0, std=False):
+        super().__init__(f"{'std' if std else 'var'}(ddof={ddof})", "float")
+        object.__setattr__(self, "ddof", ddof)
+        object.__setattr__(self, "std", std)
+
+    def init(self, num, fshape, dtype):
+        acc = _accumulator(dtype)
+        z = jnp.zeros((num, *fshape), acc)
+        return (jnp.zeros((num,), jnp.int32), z, z)
+
+    def reduce(self, v, mask):
+        m = _tile_mask(mask, v)
+        w = jnp.where(m, v, jnp.zeros((), v.dtype)).astype(_accumulator(v.dtype))
+        n = jnp.sum(mask, axis=1, dtype=jnp.int32)
+        mean = jnp.sum(w, axis=1) / _expand(jnp.maximum(n, 1), w.ndim - 1).astype(w.dtype)
+        d = jnp.where(m, w - mean[:, None], jnp.zeros((), w.dtype))
+        return (n, mean, jnp.sum(d * d, axis=1))
+
+    def combine(self, a, b):
+        n = a[0] + b[0]
+        f = lambda c: _expand(c, a[1].ndim).astype(a[1].dtype)  # noqa: E731
+        d = b[1] - a[1]
+        share = f(b[0]) / f(jnp.maximum(n, 1))
+        return (n, a[1] + d * share, a[2] + b[2] + d * d * f(a[0]) * share)
+
+    def scatter(self, carry, seg, st):
+        """Merge the tile states into their slots; duplicate slots (a segment's several tiles in
+        one step, repeated ids) merge exactly: scatter-adds about the slot's old mean."""
+        cn, cm, cq = carry
+        tn, tm, tq = st
+        f = lambda c: _expand(c, tm.ndim).astype(tm.dtype)  # noqa: E731
+        n_old, m_old = _take(cn, seg), _take(cm, seg)
+        n = _add_at(cn, seg, tn)
+        n_new = _take(n, seg)
+        shift = cm.at[seg].set(jnp.zeros_like(m_old), mode="drop")
+        shift = _add_at(shift, seg, f(tn) * (tm - m_old))
+        mean = m_old + _take(shift, seg) / f(jnp.maximum(n_new, 1))
+        q_old = _take(cq, seg) + f(n_old) * (m_old - mean) ** 2
+        q = cq.at[seg].set(q_old, mode="drop")
+        q = _add_at(q, seg, tq + f(tn) * (tm - mean) ** 2)
+        return (n, shift.at[seg].set(mean, mode="drop"), q)
+
+    n_outputs = 3
+
+    def finalize(self, st):
+        n, _, q = st
+        dof = _expand(n, q.ndim).astype(q.dtype) - self.ddof
+        var = jnp.where(dof > 0, q / jnp.where(dof > 0, dof, 1), jnp.asarray(np.nan, q.dtype))
+        return jnp.sqrt(var) if self.std else var
+
+    def outputs(self, st):
+        return (self.finalize(st), st[1], st[0])
+
+    def info(self, outputs):
+        return (*outputs[:2], outputs[2].astype(jnp.float32))  # float count (see Prod.info)
+
+    def _weights(self, v, mask, info):
+        """``(d result / dv, d mean / dv)`` per value ``(G, T, *F)``."""
+        res, mean, n = (a[:, None] for a in info)
+        n = _expand(n, mean.ndim).astype(mean.dtype)
+        m = _tile_mask(mask, v)
+        dof = n - self.ddof
+        ok = m & (dof > 0)
+        w = 2 * (v.astype(mean.dtype) - mean) / jnp.where(dof > 0, dof, 1)
+        if self.std:
+            w = jnp.where(res > 0, w / (2 * jnp.where(res > 0, res, 1)), jnp.zeros((), w.dtype))
+        dres = jnp.where(ok, w, jnp.zeros((), w.dtype)).astype(v.dtype)
+        dmean = jnp.where(m, 1 / jnp.maximum(n, 1), jnp.zeros((), n.dtype)).astype(v.dtype)
+        return dres, dmean
+
+    def row_cotangent(self, v, mask, info, g):
+        dres, dmean = self._weights(v, mask, info)
+        ct = g[0][:, None].astype(v.dtype) * dres
+        if g[1] is not None:
+            ct = ct + g[1][:, None].astype(v.dtype) * dmean
+        return ct
+
+    def tangent(self, v, dv, mask, info):
+        dres, dmean = self._weights(v, mask, info)
+        tm = jnp.sum(dmean * dv, axis=1).astype(info[1].dtype)
+        return (jnp.sum(dres * dv, axis=1), tm, None)
+
+
+_NO_ROW = np.iinfo(np.int32).max
+
+
+class SegmentArgExtremum(Monoid):
+    """The global row of the max / min of each segment: first of ties, NaN counts as the extreme
+    (like ``jnp.argmax``). State: (the extreme, its first row; int32 max for none). Reads the
+    global row index of every cell (``needs_index``). An empty segment gives -1."""
+
+    needs_index = True
+
+    def __init__(self, is_max):
+        super().__init__("argmax" if is_max else "argmin", "real")
+        object.__setattr__(self, "is_max", is_max)
+
+    def _fill(self, dtype):
+        return _lowest(dtype) if self.is_max else _highest(dtype)
+
+    def init(self, num, fshape, dtype):
+        return (
+            jnp.full((num, *fshape), self._fill(dtype), dtype),
+            jnp.full((num, *fshape), _NO_ROW, jnp.int32),
+        )
+
+    def reduce(self, v, mask, index):
+        m = _tile_mask(mask, v)
+        w = jnp.where(m, v, jnp.asarray(self._fill(v.dtype), v.dtype))
+        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        hit = (w == best[:, None]) & m
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            nan = jnp.isnan(w) & m
+            any_nan = jnp.any(nan, axis=1)
+            hit = jnp.where(any_nan[:, None], nan, hit)
+            best = jnp.where(any_nan, jnp.asarray(np.nan, v.dtype), best)
+        rows = index if index.ndim == 2 else index[None, :]  # (G, T) global rows (probe: (T,))
+        rows = _expand(jnp.broadcast_to(rows, mask.shape), v.ndim)
+        return (best, jnp.min(jnp.where(hit, rows, _NO_ROW), axis=1).astype(jnp.int32))
+
+    def _same(self, a, b):
+        eq = a == b
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            eq = eq | (jnp.isnan(a) & jnp.isnan(b))
+        return eq
+
+    def _best(self, a, b):
+        m = jnp.maximum(a, b) if self.is_max else jnp.minimum(a, b)
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            m = jnp.where(jnp.isnan(a) | jnp.isnan(b), jnp.asarray(np.nan, a.dtype), m)
+        return m
+
+    def combine(self, a, b):
+        m = self._best(a[0], b[0])
+        ia = jnp.where(self._same(a[0], m), a[1], _NO_ROW)
+        ib = jnp.where(self._same(b[0], m), b[1], _NO_ROW)
+        return (m, jnp.minimum(ia, ib))
+
+    def allreduce(self, state, axes):
+        val, idx = state
+        best = _p_extreme(val, axes, self.is_max)
+        return (best, lax.pmin(jnp.where(self._same(val, best), idx, _NO_ROW), axes))
+
+    def scatter(self, carry, seg, st):
+        cm, ci = carry
+        tm, ti = st
+        # scatter-max / min propagate NaN, as _Extremum relies on
+        m = cm.at[seg].max(tm, mode="drop") if self.is_max else cm.at[seg].min(tm, mode="drop")
+        m_seg = _take(m, seg)
+        kept = jnp.where(self._same(_take(cm, seg), m_seg), _take(ci, seg), _NO_ROW)
+        i = ci.at[seg].set(kept, mode="drop")
+        return (m, i.at[seg].min(jnp.where(self._same(tm, m_seg), ti, _NO_ROW), mode="drop"))
+
+    def finalize(self, st):
+        return jnp.where(st[1] == _NO_ROW, -1, st[1])
+
+    def tangent(self, v, dv, mask, info, index):
+        return (None,)  # an index has no derivative
+
+
 SUM = Sum()
 MEAN = Mean()
 MAX = Max()
 MIN = Min()
 LOGSUMEXP = LogSumExp()
 LOGMEANEXP = LogSumExp(mean=True)
+PROD = Prod()
+ARGMAX = SegmentArgExtremum(True)
+ARGMIN = SegmentArgExtremum(False)
 
-__all__ = ["LOGMEANEXP", "LOGSUMEXP", "MAX", "MEAN", "MIN", "SUM", "Monoid"]
+__all__ = [
+    "ARGMAX",
+    "ARGMIN",
+    "LOGMEANEXP",
+    "LOGSUMEXP",
+    "MAX",
+    "MEAN",
+    "MIN",
+    "PROD",
+    "SUM",
+    "Monoid",
+    "Var",
+]

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, _engine, _fold, _shard
-from ._monoid import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
+from ._monoid import ARGMAX, ARGMIN, LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, PROD, SUM, Var
 
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike, Int
@@ -74,8 +74,11 @@ def _chunk(name, chunk_size):
     return int(chunk_size)
 
 
-def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_ids=None):
-    """Validate the partition arguments and describe the partition.
+def _partition(
+    name, n, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_ids=None, clip=False
+):
+    """Validate the partition arguments and describe the partition (``clip``: clip
+    ``segment_ids`` into ``[0, num_segments)`` instead of dropping those out of range).
 
     ``n`` counts all rows (``sizes`` / ``offsets`` describe them all), ``n_ids`` the rows that
     ``segment_ids`` labels (this device's, inside ``shard_map``; default ``n``).
@@ -104,7 +107,7 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
 
     if segment_ids is not None:
         n_ids = n if n_ids is None else n_ids
-        return _from_segment_ids(name, n_ids, segment_ids, num_segments, indices_are_sorted)
+        return _from_segment_ids(name, n_ids, segment_ids, num_segments, indices_are_sorted, clip)
 
     if sizes is not None:
         arg, x = "sizes", sizes
@@ -170,7 +173,7 @@ def _partition(name, n, segment_ids, num_segments, sizes, offsets, indices_are_s
     return _Empty(count) if count == 0 or n == 0 else _Contiguous(sz, off, count)
 
 
-def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted):
+def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, clip=False):
     if isinstance(segment_ids, list | tuple):
         if not all(
             isinstance(v, int | np.integer) and not isinstance(v, bool) for v in segment_ids
@@ -195,6 +198,12 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted):
         num_segments = int(static.max()) + 1 if static.size else 0
     if num_segments == 0 or n == 0:
         return _Empty(num_segments)
+    if clip:  # jax.ops' mode="clip": every id lands in a segment (clipping keeps them sorted)
+        if static is not None:
+            static = np.clip(static, 0, num_segments - 1)
+            segment_ids = static
+        else:
+            segment_ids = jnp.clip(segment_ids, 0, num_segments - 1)
     if static is not None and indices_are_sorted and np.any(np.diff(static) < 0):
         bad = int(np.flatnonzero(np.diff(static) < 0)[0])
         raise ValueError(
@@ -312,19 +321,24 @@ def _segment(
     name,
     op,
     data,
-    segment_ids,
-    num_segments,
-    sizes,
-    offsets,
-    fn,
-    chunk_size,
-    indices_are_sorted,
-    axis_name,
+    segment_ids=None,
+    num_segments=None,
+    indices_are_sorted=False,
+    unique_indices=False,
+    bucket_size=None,
+    mode=None,
+    *,
+    sizes=None,
+    offsets=None,
+    fn=None,
+    chunk_size=None,
+    axis_name=None,
 ):
     """The one engine behind every ``segment_*``: validate, then fold (``op``: a monoid) or
     normalize (``op``: ``"softmax"`` / ``"log_softmax"``), on one device or on a mesh."""
     normal = isinstance(op, str)
     monoid = LOGSUMEXP if normal else op
+    clip = _mode(name, mode, unique_indices, bucket_size)
     if fn is None and not hasattr(data, "shape"):
         if isinstance(data, list | tuple) and any(np.ndim(a) > 0 for a in data):
             raise TypeError(
@@ -335,6 +349,14 @@ def _segment(
     axes = _shard.axis_tuple(name, axis_name)
     n = n_rows = _num_rows(name, data)  # this device's rows inside shard_map, else all rows
     aval = _value_aval(name, data, fn, n)
+    if aval.dtype == jnp.bool_ and op in (MAX, MIN):  # as jax.ops: any / all, a bool result
+        f = (lambda r: r) if fn is None else fn
+        hints = (indices_are_sorted, unique_indices, bucket_size, mode)
+        out = _segment(
+            name, op, data, segment_ids, num_segments, *hints, sizes=sizes, offsets=offsets,
+            fn=lambda r: f(r).astype(jnp.uint8), chunk_size=chunk_size, axis_name=axis_name,
+        )  # fmt: skip
+        return out.astype(jnp.bool_)
     monoid.check_dtype(name, "fn(data)" if fn is not None else "data", aval.dtype)
     mesh = None
     devices = _shard.device_count(axes)
@@ -349,7 +371,7 @@ def _segment(
             mesh = _shard.on_explicit_mesh(leaves)
     n_global = n * devices if mesh is None else n
     part = _partition(
-        name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows
+        name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows, clip
     )
     chunk = _chunk(name, chunk_size)
 
@@ -371,6 +393,37 @@ def _segment(
     if mesh is None:
         return local(data, part.arrays(), fn)
     return _on_mesh(mesh, axes, local, data, part, fn, normal)
+
+
+def _mode(name, mode, unique_indices, bucket_size) -> bool:
+    """Validate ``jax.ops``' hints; whether ``mode`` clips out-of-range ids (else they drop)."""
+    if not isinstance(unique_indices, bool | np.bool_):
+        raise TypeError(f"{name}: unique_indices must be a bool, got {unique_indices!r:.40}.")
+    if bucket_size is not None and (
+        isinstance(bucket_size, bool) or not isinstance(bucket_size, int | np.integer)
+    ):
+        raise TypeError(f"{name}: bucket_size must be None or a Python int, got {bucket_size!r}.")
+    if bucket_size is not None and bucket_size <= 0:
+        raise ValueError(f"{name}: bucket_size must be positive, got {bucket_size}.")
+    if mode is None:
+        return False
+    try:
+        parsed = jax.lax.GatherScatterMode.from_any(mode)
+    except (ValueError, KeyError, TypeError):
+        parsed = None
+    if parsed not in _MODES:
+        raise ValueError(
+            f"{name}: mode must be None, 'clip', 'drop', 'fill' or 'promise_in_bounds' "
+            f"(jax.lax.GatherScatterMode), got {mode!r}."
+        )
+    return parsed == jax.lax.GatherScatterMode.CLIP
+
+
+_MODES = (
+    jax.lax.GatherScatterMode.CLIP,
+    jax.lax.GatherScatterMode.FILL_OR_DROP,
+    jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+)
 
 
 def _is_numpy(x) -> bool:
@@ -445,6 +498,14 @@ _PARTITION_DOC = """
         traced ids). Known ids are checked (a ValueError if they are not sorted); traced ids are
         the caller's promise, as in ``jax.ops``, checked at run time inside
         :func:`foldax.debug_checks`.
+      unique_indices: ``jax.ops``' hint that no two rows share an id. Accepted and ignored: the
+        result is the same either way (no undefined behaviour when the hint is wrong).
+      bucket_size: ``jax.ops``' hint to sum ids in buckets. Accepted (a positive int or
+        ``None``) and ignored: the rows are already streamed in chunks (``chunk_size``).
+      mode: what out-of-range ``segment_ids`` do, as in ``jax.ops``: ``"clip"`` clips them
+        into ``[0, num_segments)``; ``None`` (default), ``"drop"`` / ``"fill"`` and
+        ``"promise_in_bounds"`` drop them (negative ids too). A string or a
+        ``jax.lax.GatherScatterMode``; irrelevant with ``sizes`` / ``offsets``.
       axis_name: inside ``jax.shard_map`` only: the mesh axis name (or tuple) over which the rows
         are split. ``data`` / ``segment_ids`` are then this device's rows (in device order),
         ``sizes`` / ``offsets`` describe all rows, and the result is combined across devices
@@ -495,216 +556,249 @@ def segment_sum(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_sum",
-        SUM,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_sum", SUM, **locals())
 
 
 def segment_mean(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_mean",
-        MEAN,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_mean", MEAN, **locals())
 
 
 def segment_max(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_max",
-        MAX,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_max", MAX, **locals())
 
 
 def segment_min(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_min",
-        MIN,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_min", MIN, **locals())
 
 
 def segment_logsumexp(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_logsumexp",
-        LOGSUMEXP,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_logsumexp", LOGSUMEXP, **locals())
 
 
 def segment_logmeanexp(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_logmeanexp",
-        LOGMEANEXP,
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_logmeanexp", LOGMEANEXP, **locals())
 
 
 def segment_log_softmax(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_log_softmax",
-        "log_softmax",
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_log_softmax", "log_softmax", **locals())
 
 
 def segment_softmax(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
     num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
     *,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
     chunk_size: int | None = None,
-    indices_are_sorted: bool = False,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array:
-    return _segment(
-        "foldax.segment_softmax",
-        "softmax",
-        data,
-        segment_ids,
-        num_segments,
-        sizes,
-        offsets,
-        fn,
-        chunk_size,
-        indices_are_sorted,
-        axis_name,
-    )
+    return _segment("foldax.segment_softmax", "softmax", **locals())
+
+
+def segment_prod(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array:
+    return _segment("foldax.segment_prod", PROD, **locals())
+
+
+def segment_argmax(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array:
+    return _segment("foldax.segment_argmax", ARGMAX, **locals())
+
+
+def segment_argmin(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
+    *,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array:
+    return _segment("foldax.segment_argmin", ARGMIN, **locals())
+
+
+def segment_var(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
+    *,
+    ddof: int | float = 0,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array:
+    kw = locals()
+    op = Var(_ddof("foldax.segment_var", kw.pop("ddof")), std=False)
+    return _segment("foldax.segment_var", op, **kw)
+
+
+def segment_std(
+    data: ArrayLike | Any,
+    segment_ids: Int[Array, " N"] | None = None,
+    num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: str | jax.lax.GatherScatterMode | None = None,
+    *,
+    ddof: int | float = 0,
+    sizes: Any = None,
+    offsets: Any = None,
+    fn: Callable | None = None,
+    chunk_size: int | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array:
+    kw = locals()
+    op = Var(_ddof("foldax.segment_std", kw.pop("ddof")), std=True)
+    return _segment("foldax.segment_std", op, **kw)
+
+
+def _ddof(name, ddof):
+    """A valid static ``ddof``: a real number >= 0."""
+    if isinstance(ddof, bool) or not isinstance(ddof, int | float | np.integer | np.floating):
+        raise TypeError(f"{name}: ddof must be a static Python number, got {type(ddof).__name__}.")
+    if not ddof >= 0:
+        raise ValueError(f"{name}: ddof must be >= 0, got {ddof}.")
+    return float(ddof) if not float(ddof).is_integer() else int(ddof)
 
 
 _RED = "``(num_segments, *F)`` where ``F`` is the trailing shape of the values."
@@ -723,7 +817,7 @@ _attach(
     "Per-segment mean of ``fn(data)`` (or ``data``), streamed.",
     r"\mathrm{out}_s = \frac{1}{n_s} \sum_{i \in s} v_i",
     _RED,
-    "an empty segment gives NaN (0/0). NaN propagates to its segment only.",
+    "an empty segment gives NaN (0/0). NaN propagates to its segment only. Real or complex values.",
     """      >>> foldax.segment_mean(x, sizes=[2, 0, 3])
       Array([1.5, nan, 4. ], dtype=float32)
 """,
@@ -734,7 +828,8 @@ _attach(
     r"\mathrm{out}_s = \max_{i \in s} v_i",
     _RED,
     "an empty segment gives -inf (the dtype's minimum for integers). NaN propagates to its "
-    "segment. The gradient is split evenly among tied maxima, like ``jnp.max``.",
+    "segment. The gradient is split evenly among tied maxima, like ``jnp.max``. Bool values give a bool "
+    "result (any / all; an empty segment gives False), as in ``jax.ops``.",
     """      >>> foldax.segment_max(x, sizes=[2, 0, 3])
       Array([  2., -inf,   5.], dtype=float32)
 """,
@@ -745,7 +840,8 @@ _attach(
     r"\mathrm{out}_s = \min_{i \in s} v_i",
     _RED,
     "an empty segment gives +inf (the dtype's maximum for integers). NaN propagates to its "
-    "segment. The gradient is split evenly among tied minima, like ``jnp.min``.",
+    "segment. The gradient is split evenly among tied minima, like ``jnp.min``. Bool values give a bool "
+    "result (any / all; an empty segment gives True), as in ``jax.ops``.",
     """      >>> foldax.segment_min(x, sizes=[2, 0, 3])
       Array([ 1., inf,  3.], dtype=float32)
 """,
@@ -807,4 +903,74 @@ _attach(
       Array(2., dtype=float32)
 """,
     _BWD_NORM,
+)
+_attach(
+    segment_prod,
+    "Per-segment product of ``fn(data)`` (or ``data``), streamed.",
+    r"\mathrm{out}_s = \prod_{i \in s} v_i",
+    _RED,
+    "an empty segment gives 1. The state is the product of the non-zero values and the number "
+    "of zeros (half precision multiplies in float32), so the gradient never divides by 0: with "
+    "no zero it is ``out / v_i``, with one zero the product of the others at that zero (0 "
+    "elsewhere), with two or more zeros 0. Unlike ``jax.ops.segment_prod``, the gradient is "
+    "defined for repeated and unsorted ids. Integers wrap on overflow, like ``jnp.prod``.",
+    """      >>> foldax.segment_prod(x, sizes=[2, 0, 3])
+      Array([ 2.,  1., 60.], dtype=float32)
+""",
+)
+_VAR_NUMERICS = (
+    "The state is ``(count, mean, M2)`` merged with Chan et al.'s update (each tile's mean and "
+    "squared deviations are exact two-pass sums), never ``E[v^2] - E[v]^2``: at a mean of 1e4 "
+    "float32 keeps ~1e-6 relative precision. Half precision accumulates in float32. ``ddof`` "
+    "(keyword, a static number >= 0) divides by ``n - ddof``; a segment with ``n <= ddof`` "
+    "(an empty one included) gives NaN (NumPy gives NaN or inf) and a zero gradient."
+)
+_attach(
+    segment_var,
+    "Per-segment variance of ``fn(data)`` (or ``data``), streamed and numerically stable.",
+    r"\mathrm{out}_s = \frac{1}{n_s - \mathrm{ddof}} \sum_{i \in s} (v_i - \bar v_s)^2",
+    _RED,
+    _VAR_NUMERICS + " Gradient: ``2 (v_i - mean) / (n - ddof)``.",
+    """      >>> foldax.segment_var(x, sizes=[2, 0, 3], ddof=1)
+      Array([0.5, nan, 1. ], dtype=float32)
+""",
+)
+_attach(
+    segment_std,
+    "Per-segment standard deviation of ``fn(data)`` (or ``data``): ``sqrt(segment_var)``.",
+    r"\mathrm{out}_s = \Big(\frac{1}{n_s - \mathrm{ddof}} \sum_{i \in s} (v_i - \bar v_s)^2"
+    r"\Big)^{1/2}",
+    _RED,
+    _VAR_NUMERICS + " Where the standard deviation is 0 the gradient is 0 (not NaN).",
+    """      >>> foldax.segment_std(x, sizes=[2, 0, 3]).round(4)
+      Array([0.5   ,    nan, 0.8165], dtype=float32)
+""",
+)
+_ARG = (
+    "``(num_segments, *F)`` int32: the global row (index into the leading axis of ``data``) of "
+    "each segment's extreme, per trailing element; -1 for an empty segment."
+)
+_attach(
+    segment_argmax,
+    "Per-segment argmax of ``fn(data)`` (or ``data``): the row of each segment's maximum.",
+    r"\mathrm{out}_s = \min \{\, i \in s : v_i = \max_{j \in s} v_j \,\}",
+    _ARG,
+    "the first row of ties, like ``jnp.argmax``; NaN counts as the maximum (its first row), "
+    "like NumPy. An empty segment (and every segment of an empty ``data``) gives -1.",
+    """      >>> foldax.segment_argmax(x, jnp.array([1, 0, 1, 0, 3]), 3)  # id 3: dropped
+      Array([ 3,  2, -1], dtype=int32)
+""",
+    "an index has no derivative; the forward pass saves nothing.",
+)
+_attach(
+    segment_argmin,
+    "Per-segment argmin of ``fn(data)`` (or ``data``): the row of each segment's minimum.",
+    r"\mathrm{out}_s = \min \{\, i \in s : v_i = \min_{j \in s} v_j \,\}",
+    _ARG,
+    "the first row of ties, like ``jnp.argmin``; NaN counts as the minimum (its first row), "
+    "like NumPy. An empty segment (and every segment of an empty ``data``) gives -1.",
+    """      >>> foldax.segment_argmin(x, jnp.array([1, 0, 1, 0, 3]), 3)
+      Array([ 1,  0, -1], dtype=int32)
+""",
+    "an index has no derivative; the forward pass saves nothing.",
 )

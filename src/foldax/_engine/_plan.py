@@ -82,7 +82,7 @@ def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
     """The plan for ``units`` rows (tiles, rows) or pairs (dense) per step.
 
     ``arrays``: the plan's integer arrays (``(sizes, offsets)``, ``(segment_ids,)`` or ``()``);
-    ``first``: the global index of row 0 (a device's offset on a mesh; dense plans only);
+    ``first``: the global index of row 0 (a device's offset on a mesh);
     ``tile``: the monoid's preferred dense block (its ``dense_tile``) or ``None``, used when
     ``y`` is walked transposed.
     """
@@ -96,12 +96,11 @@ def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
         group = max(1, min(rows // tile, count))
         sizes, offsets = arrays
         ends = jnp.cumsum((sizes + (tile - 1)) // tile).astype(jnp.int32)
-        return TilePlan(
-            ends, offsets, sizes, spec.n, spec.num_slots, tile, group, -(-count // group)
-        )
+        steps = -(-count // group)
+        return TilePlan(ends, offsets, sizes, spec.n, spec.num_slots, tile, group, steps, first)
     if spec.kind == "rows":
         chunk = max(1, min(spec.chunk or units, spec.n))
-        return RowPlan(arrays[0], spec.n, spec.num_slots, chunk, -(-spec.n // chunk))
+        return RowPlan(arrays[0], spec.n, spec.num_slots, chunk, -(-spec.n // chunk), first)
     if spec.chunk is not None:
         bi, bj = spec.chunk
     else:
@@ -137,7 +136,8 @@ def dense_block(units, m, n, tile=None) -> tuple[int, int]:
 class Step:
     """What one step reads: ``rows`` (the chunk), where its slots are (``slots``), the ``(G, T)``
     ``mask`` of cells that count, where its rows are (``at``) and which of them it owns
-    (``own``, ``(R,)``), and the global index of its ``T`` columns (``index``; dense plans)."""
+    (``own``, ``(R,)``), and the global index of its rows: ``(T,)`` for the columns of a dense
+    plan, ``(G, T)`` for every cell of a tile / row plan (``first`` + the device's row)."""
 
     rows: Any
     slots: Any
@@ -157,8 +157,8 @@ class TilePlan:
 
     row_axis = 0
 
-    def __init__(self, ends, offsets, sizes, n, num_segments, tile, group, steps):
-        self.ends, self.offsets, self.sizes = ends, offsets, sizes
+    def __init__(self, ends, offsets, sizes, n, num_segments, tile, group, steps, first=0):
+        self.ends, self.offsets, self.sizes, self.first = ends, offsets, sizes, first
         self.n, self.num_segments, self.tile, self.group, self.steps = (
             n, num_segments, tile, group, steps,
         )  # fmt: skip
@@ -184,7 +184,7 @@ class TilePlan:
             tiles = jax.vmap(lambda s: lax.dynamic_slice_in_dim(a, s, t))(actual)
             return tiles.reshape((self.group * t, *a.shape[1:]))
 
-        index = jnp.arange(t, dtype=jnp.int32)
+        index = self.first + actual[:, None] + jnp.arange(t, dtype=jnp.int32)  # global rows
         return Step(jax.tree.map(gather, rows), seg, mask, actual, mask.reshape(-1), index)
 
     def gather(self, slots, seg):
@@ -221,8 +221,9 @@ class RowPlan:
     row_axis = 0
     tile = 1
 
-    def __init__(self, segment_ids, n, num_segments, chunk, steps):
+    def __init__(self, segment_ids, n, num_segments, chunk, steps, first=0):
         self.segment_ids, self.n, self.num_segments = segment_ids, n, num_segments
+        self.first = first
         self.group, self.steps = chunk, steps
 
     def _start(self, i):
@@ -238,7 +239,8 @@ class RowPlan:
         own = start + jnp.arange(self.group, dtype=jnp.int32) >= i * self.group
         own = own & self._valid(ids)  # rows with dropped ids take no part
         seg = jnp.where(self._valid(ids), ids, self.num_segments)
-        return Step(rows, seg, own[:, None], start, own, jnp.zeros((1,), jnp.int32))
+        index = self.first + start + jnp.arange(self.group, dtype=jnp.int32)[:, None]
+        return Step(rows, seg, own[:, None], start, own, index)
 
     gather = TilePlan.gather
     merge = TilePlan.merge

@@ -279,7 +279,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
     """The loop: one ``lax.scan`` over the plan (inside a scan over devices for a ring)."""
     mon, axes = spec.monoid, spec.axes + spec.ring
     n = spec.plan.n
-    first = _shard.device_index(spec.axes) * n if spec.axes and spec.plan.kind == "dense" else 0
+    first = _shard.device_index(spec.axes) * n if spec.axes else 0
     tile = getattr(mon, "dense_tile", None)  # a reduction's preferred dense block
     plan0 = make_plan(spec.plan, arrays, units, first, tile)
     if mon is not None:
