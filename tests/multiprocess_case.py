@@ -10,6 +10,7 @@ Usage: ``python multiprocess_case.py PROCESS_ID NUM_PROCESSES PORT``.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import jax
@@ -56,7 +57,7 @@ v = np.sin(X.astype(np.float64) @ THETA.astype(np.float64)) * 3.0
 dv = np.cos(X.astype(np.float64) @ THETA.astype(np.float64))[:, None] * 3.0 * X  # d v / d theta
 bounds = np.concatenate([[0], np.cumsum(SIZES)])
 want_lse, want_grad = [], np.zeros(F)
-for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+for lo, hi in itertools.pairwise(bounds):
     if hi == lo:
         want_lse.append(-np.inf)
         continue

@@ -134,3 +134,116 @@ def test_extremum_with_index_memory_flat_in_n():
     small, big = temp(4096), temp(16384)
     for s, b in zip(small, big, strict=True):  # + O(N): y walked transposed, (3, N) float32
         assert b <= 1.15 * s + 2 * 12 * (16384 - 4096), (small, big)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks: pairs removed, tiles skipped
+
+
+def _attention(q, k, v, mask=None, block=None):
+    kernel = lambda qi, kv: (jnp.dot(qi, kv[0]) / 4.0, kv[1])  # noqa: E731
+    return foldax.pairwise_reduce(
+        kernel, q, (k, v), reduction="softmax", mask=mask, block_size=block
+    )
+
+
+def _dense_masked_attention(q, k, v, keep):
+    logits = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T / 4.0
+    logits = np.where(keep, logits, -np.inf)
+    m = np.max(logits, axis=1, keepdims=True)
+    p = np.exp(logits - np.where(np.isfinite(m), m, 0.0))
+    s = p.sum(1, keepdims=True)
+    return np.where(s > 0, (p / np.where(s > 0, s, 1.0)) @ np.asarray(v, np.float64), 0.0)
+
+
+MASKS = {
+    "causal": lambda i, j: j <= i,
+    "window": lambda i, j: (j <= i) & (j > i - 20),
+    "block-sparse": lambda i, j: (i // 16) % 2 == (j // 16) % 2,
+    "empty rows": lambda i, j: (j < i) & (i % 5 != 0),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+@pytest.mark.parametrize("block", [None, (8, 16), (5, 7)])
+def test_masked_attention_matches_dense(rng, name, block):
+    m, n = 70, 90
+    q, k, v = (rng.standard_normal((s, 4)).astype(np.float32) for s in (m, n, n))
+    keep = np.asarray(MASKS[name](np.arange(m)[:, None], np.arange(n)[None, :]))
+    keep = np.broadcast_to(keep, (m, n))
+    got = _attention(q, k, v, MASKS[name], block)
+    assert_allclose(got, _dense_masked_attention(q, k, v, keep), dtype=np.float32, scale=10)
+
+    def dense(q, k, v):
+        logits = jnp.where(keep, q @ k.T / 4.0, -jnp.inf)
+        w = jnp.where(keep, jnp.exp(logits - jnp.max(logits, 1, keepdims=True)), 0.0)
+        s = jnp.sum(w, 1, keepdims=True)
+        return jnp.where(s > 0, (w / jnp.where(s > 0, s, 1.0)) @ v, 0.0)
+
+    g = jax.grad(lambda *a: jnp.sum(jnp.sin(_attention(*a, MASKS[name], block))), (0, 1, 2))(
+        q, k, v
+    )
+    want = jax.grad(lambda *a: jnp.sum(jnp.sin(dense(*a))), (0, 1, 2))(q, k, v)
+    for a, b in zip(g, want, strict=True):
+        assert np.all(np.isfinite(np.asarray(a)))
+        assert_allclose(a, b, dtype=np.float32, scale=10)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "logsumexp", "min", "argmin", "min_argmin"])
+def test_masked_reductions_match_dense(rng, reduction):
+    x = rng.standard_normal((40, 2)).astype(np.float32)
+    y = rng.standard_normal((60, 2)).astype(np.float32)
+    mask = lambda i, j: (j >= i) & (i != 3)  # noqa: E731  (row 3 fully masked)
+    keep = np.asarray(mask(np.arange(40)[:, None], np.arange(60)[None, :]))
+    d = -((x.astype(np.float64)[:, None] - y.astype(np.float64)[None]) ** 2).sum(-1)
+    kernel = lambda a, b: -jnp.sum((a - b) ** 2)  # noqa: E731
+    got = foldax.pairwise_reduce(kernel, x, y, reduction=reduction, mask=mask, block_size=(8, 16))
+    with np.errstate(divide="ignore"):
+        want = {
+            "sum": np.where(keep, np.exp(d) * 0 + d, 0).sum(1),
+            "logsumexp": np.log(np.where(keep, np.exp(d), 0).sum(1)),
+            "min": np.where(keep, d, np.inf).min(1),
+        }
+    if reduction == "sum":
+        got = foldax.pairwise_reduce(lambda a, b: -jnp.sum((a - b) ** 2), x, y, mask=mask)
+        assert_allclose(got, want["sum"], dtype=np.float32, scale=50)
+    elif reduction in ("argmin", "min_argmin"):
+        idx = got[1] if reduction == "min_argmin" else got
+        want_idx = np.where(keep, d, np.inf).argmin(1)
+        live = keep.any(1)
+        np.testing.assert_array_equal(np.asarray(idx)[live], want_idx[live])
+        assert np.asarray(idx)[3] == np.iinfo(np.int32).max
+    else:
+        assert_allclose(got, want[reduction], dtype=np.float32, scale=50)
+    if reduction in ("logsumexp", "sum"):
+        f = lambda x: foldax.pairwise_reduce(kernel, x, y, reduction=reduction, mask=mask)  # noqa: E731
+        g = jax.grad(lambda x: jnp.sum(jnp.where(jnp.isfinite(f(x)), f(x), 0.0)))(x)
+        assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g)[3] == 0)
+
+
+def test_masked_tiles_are_skipped_and_memory_stays_flat():
+    """Masked attention's temp memory, forward and backward, is the unmasked one's plus a
+    bounded amount (the blocks to visit are listed at most 2^20 mask cells at a time), whatever
+    N is."""
+
+    def temp(n, mask):
+        c = jax.ShapeDtypeStruct((n, 16), jnp.float32)
+        f = lambda q, k, v: _attention(q, k, v, mask)  # noqa: E731
+        g = jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2))
+        return report(f, c, c, c).temp_bytes, report(g, c, c, c).temp_bytes
+
+    for n in (4096, 16384):  # the mask adds at most the bounded list of blocks to visit
+        masked, plain = temp(n, MASKS["causal"]), temp(n, None)
+        for a, b in zip(masked, plain, strict=True):
+            assert a <= b + 1.2 * 2**20, (n, masked, plain)
+
+
+def test_mask_errors():
+    x = jnp.ones((4, 2))
+    dot = lambda a, b: jnp.sum(a * b)  # noqa: E731
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask must be a callable"):
+        foldax.pairwise_reduce(dot, x, x, mask=True)
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) must return booleans"):
+        foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i + j)
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) failed"):
+        foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i.nonexistent)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax.numpy as jnp
 import numpy as np
 from helpers import (
@@ -102,7 +104,7 @@ def test_large_logits_keep_relative_precision(sizes, magnitude, sign, seed):
     x64 = x.astype(np.float64)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     want = np.empty_like(x64)
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         e = np.exp(x64[lo:hi] - x64[lo:hi].max())
         want[lo:hi] = e / e.sum()
     sm = np.asarray(foldax.segment_softmax(jnp.asarray(x), sizes=sizes), np.float64)

@@ -426,7 +426,11 @@ class SoftmaxSum(Monoid):
     n_outputs = 2
 
     def finalize(self, st):
-        return st[2] / _expand(st[1], st[2].ndim)
+        # a row with nothing to weigh (every pair masked out) is 0, not 0 / 0
+        s = _expand(st[1], st[2].ndim)
+        return jnp.where(
+            s > 0, st[2] / jnp.where(s > 0, s, jnp.ones_like(s)), jnp.zeros_like(st[2])
+        )
 
     def outputs(self, st):
         return (self.finalize(st), _finite_or_zero(st[0]) + jnp.log(st[1]))
@@ -626,7 +630,7 @@ def _block_sizes(name, block_size, m, n):
     return min(bi, m), min(bj, n)
 
 
-def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=()):
+def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None):
     """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``: one engine fold.
 
     The rows of ``x`` are the fold's slots, the rows of ``y`` (walked transposed, see ``tile``)
@@ -656,7 +660,14 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=()):
 
     plan = _engine.PlanSpec("dense", n, m, None, block, row_axis=-1 if cols else 0)
     spec = _engine.Spec(
-        plan, body, monoid, _engine.current_budget(), axes=axes, ring=ring, name=name
+        plan,
+        body,
+        monoid,
+        _engine.current_budget(),
+        axes=axes,
+        ring=ring,
+        name=name,
+        pair_mask=mask,
     )
     # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
     rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves
@@ -778,6 +789,7 @@ def pairwise_reduce(
     reduction: str = "sum",
     k: int | None = None,
     block_size: int | tuple[int, int] | None = None,
+    mask: Callable[[Any, Any], Any] | None = None,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array | tuple[Array, Array]:
     """Reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, without the ``(M, N)`` matrix.
@@ -798,6 +810,14 @@ def pairwise_reduce(
         ``k`` smallest) or ``"softmax"`` (softmax-weighted sum of values: exact attention).
         Static.
       k: static int, ``0 < k <= N``, for ``"kmin"`` only.
+      mask: optional ``mask(i, j) -> bool`` of the global row indices of ``x`` and ``y``,
+        called on integer index arrays that broadcast (``i`` a column, ``j`` a row; write it
+        with ``jnp`` operations, e.g. ``lambda i, j: j <= i`` for causal attention or
+        ``lambda i, j: (j <= i) & (j > i - 256)`` for a sliding window). Pairs where it is false
+        take no part, and a tile where it is false everywhere is skipped, forward and
+        backward, so a sparse mask costs what it keeps. A row of ``x`` with every pair masked
+        gives the reduction's identity (0 for sum and softmax, -inf for logsumexp, +inf / -inf
+        for min / max) with zero gradients. Not with sharded inputs or ``axis_name``.
       block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile, per
         element of an enclosing ``vmap`` (default: chosen when the computation is compiled, from
         the memory budget and the batch of every enclosing ``vmap``; see
@@ -843,11 +863,37 @@ def pairwise_reduce(
         kernel, unpack = _packed_values(kernel, x, y)
     axes = _shard.axis_tuple(name, axis_name)
     split = None if axes else _mesh_split(name, x, y, m, n)
+    if mask is not None:
+        _check_mask(name, mask, split is not None or bool(axes))
     if split is None:
-        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes)
+        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask)
     else:
         out = _on_mesh(name, kernel, x, y, monoid, block_size, *split)
     return out if unpack is None else unpack(out)
+
+
+def _check_mask(name, mask, on_mesh):
+    if not callable(mask):
+        raise TypeError(f"{name}: mask must be a callable mask(i, j) -> bool, got {mask!r:.60}.")
+    if on_mesh:
+        raise ValueError(
+            f"{name}: mask is not supported with sharded x / y or axis_name yet; call it on "
+            f"one device, or fold the mask into the kernel (a -inf logit, a 0 weight)."
+        )
+    i, j = jnp.arange(2, dtype=jnp.int32)[:, None], jnp.arange(3, dtype=jnp.int32)[None, :]
+    try:
+        out = jax.eval_shape(mask, i, j)
+    except Exception as e:
+        raise TypeError(
+            f"{name}: mask(i, j) failed on index arrays of shapes (2, 1) and (1, 3) (write it "
+            f"with jnp operations that broadcast, e.g. lambda i, j: j <= i): {e}"
+        ) from e
+    shape = getattr(out, "shape", None)
+    if getattr(out, "dtype", None) != jnp.bool_ or shape is None or len(shape) > 2:
+        raise TypeError(
+            f"{name}: mask(i, j) must return booleans broadcasting to (len(i), len(j)), got "
+            f"{out} for index arrays of shapes (2, 1) and (1, 3)."
+        )
 
 
 def _packed_values(kernel, x, y):
@@ -875,7 +921,7 @@ def _packed_values(kernel, x, y):
     return packed, unpack
 
 
-def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=()):
+def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=None):
     """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes`` (its
     states all-reduced) or over ``ring`` (axes that split ``x`` too: its blocks go round)."""
     block = _block_sizes(name, block_size, m, n)
@@ -889,7 +935,7 @@ def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=()):
                 f"rows of y (the reduced axis) and every device must hold the same rows of x; "
                 f"replicate x along it (in_specs P() for x), or split x over another mesh axis."
             )
-    return pairwise(name, kernel, x, y, monoid, block, axes, ring)
+    return pairwise(name, kernel, x, y, monoid, block, axes, ring, mask)
 
 
 def _mesh_split(name, x, y, m, n):

@@ -82,9 +82,8 @@ def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
     """The plan for ``units`` rows (tiles, rows) or pairs (dense) per step.
 
     ``arrays``: the plan's integer arrays (``(sizes, offsets)``, ``(segment_ids,)`` or ``()``);
-    ``first``: the global index of row 0 (a device's offset on a mesh);
-    ``tile``: the monoid's preferred dense block (its ``dense_tile``) or ``None``, used when
-    ``y`` is walked transposed.
+    ``first``: the global index of row 0 (a device's offset on a mesh); ``tile``: the monoid's
+    preferred dense block (its ``dense_tile``) or ``None``, used when ``y`` is walked transposed.
     """
     if spec.kind == "tiles":
         rows = spec.chunk or units
@@ -276,6 +275,10 @@ class BlockPlan:
     def _block(t, size, width):
         start = jnp.minimum(t * width, size - width)
         return start, start + jnp.arange(width, dtype=jnp.int32) >= t * width
+
+    #: ``cells(t, size, width)``: block ``t``'s clamped start and which of its ``width`` rows it
+    #: owns (the last block overlaps the one before it).
+    cells = _block
 
     def load(self, rows, t):
         si, own_i = self._block(t // self.steps_j, self.m, self.bi)

@@ -60,7 +60,10 @@ class Spec:
     ``(G, ...)``. ``fill``: the value of row outputs on rows that no step owns.
     ``axes``: mesh axes splitting the rows (slot states are all-reduced); ``ring``: mesh axes
     splitting rows and slots (the rows go round the devices). ``slot_psum``: psum an additive
-    fold's slot sums over ``axes`` (the tangent of an all-reduced output).
+    fold's slot sums over ``axes`` (the tangent of an all-reduced output). ``pair_mask``
+    (dense plans): ``pair_mask(i, j) -> bool`` of broadcasting global slot and row indices;
+    pairs where it is false take no part, and a tile where it is false everywhere is skipped
+    (not computed), in this fold and in every fold derived from it.
     """
 
     plan: PlanSpec
@@ -73,6 +76,7 @@ class Spec:
     ring: tuple = ()
     slot_psum: bool = False
     name: str = "foldax"
+    pair_mask: Callable | None = None
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)
@@ -294,9 +298,18 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
 
     def step(plan, rows, carry_t, _, block=False):
         """One tile: its values folded into the slot states (all of them, or with ``block``
-        the states of the dense plan's current block of slots), sums and row buffers."""
-        (st, tot, bufs), t = carry_t
+        the states of the dense plan's current block of slots), sums and row buffers; with a
+        ``pair_mask``, its pairs masked (the tiles it removes entirely are not visited)."""
+        carry, t = carry_t
         s = plan.load(rows, t)
+        if spec.pair_mask is not None:
+            i = s.slots + jnp.arange(s.mask.shape[0], dtype=jnp.int32)
+            keep = jnp.broadcast_to(spec.pair_mask(i[:, None], s.index[None, :]), s.mask.shape)
+            s = dataclasses.replace(s, mask=s.mask & keep)
+        return (update(plan, s, carry, block), t + 1), None
+
+    def update(plan, s, carry, block):
+        st, tot, bufs = carry
         tile_slots = plan.gather(slots, s.slots)
         vals, tots, rowvals = spec.body(consts, tile_slots, s.rows, s.mask, s.index)
         if mon is not None:
@@ -307,7 +320,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
             st = plan.merge(mon, st, s.slots, vals)
         tot = tuple(a + b for a, b in zip(tot, tots, strict=True))
         bufs = tuple(plan.store(b, s.at, v, s.own) for b, v in zip(bufs, rowvals, strict=True))
-        return (_shard.to_varying((st, tot, bufs), axes, skip=(1,)), t + 1), None
+        return _shard.to_varying((st, tot, bufs), axes, skip=(1,))
 
     def sweep(carry, rows, first):
         # The step counter is carried (an ``xs`` of step indices would be an array as long as
@@ -321,9 +334,17 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
         def outer(c, _):  # one block of slots: its states carried through the j loop
             (st, tot, bufs), ti = c
             si = plan.block_start(ti)
-            init = ((plan.gather(st, si), tot, bufs), ti * plan.steps_j)
-            inner = lambda c2, x: step(plan, rows, c2, x, block=True)  # noqa: E731
-            (st_b, tot, bufs), _ = lax.scan(inner, init, None, length=plan.steps_j)[0]
+            init = (plan.gather(st, si), tot, bufs)
+            if spec.pair_mask is None:
+                inner = lambda c2, x: step(plan, rows, c2, x, block=True)  # noqa: E731
+                init = (init, ti * plan.steps_j)
+                (st_b, tot, bufs), _ = lax.scan(inner, init, None, length=plan.steps_j)[0]
+            else:  # only the blocks of y the mask keeps something of
+                live = _live_blocks(spec.pair_mask, plan, ti)
+                order = jnp.nonzero(live, size=plan.steps_j, fill_value=0)[0].astype(jnp.int32)
+                t0 = ti * plan.steps_j
+                visit = lambda k, c2: step(plan, rows, (c2, t0 + order[k]), None, True)[0][0]  # noqa: E731
+                st_b, tot, bufs = lax.fori_loop(0, jnp.sum(live, dtype=jnp.int32), visit, init)
             st = _shard.to_varying(plan.put(st, si, st_b), axes)
             return ((st, tot, bufs), ti + 1), None
 
@@ -376,6 +397,22 @@ def _not_before(carry, inputs):
         return a + jnp.where(unknown, jnp.zeros((), a.dtype), -jnp.zeros((), a.dtype))
 
     return jax.tree.map(zero_after, carry)
+
+
+def _live_blocks(pair_mask, plan, ti):
+    """``(steps_j,)``: which blocks of ``y`` the mask keeps a pair of, against block ``ti`` of
+    slots (one block of pairs at a time: nothing of size ``M * N`` is made)."""
+    # A clamped last block overlaps the one before it: counting its overlap can only visit a
+    # block more (the step masks what it does not own), never skip one.
+    i = plan.cells(ti, plan.m, plan.bi)[0] + jnp.arange(plan.bi, dtype=jnp.int32)
+
+    def live(tj):
+        j = plan.first + plan.cells(tj, plan.n, plan.bj)[0] + jnp.arange(plan.bj, dtype=jnp.int32)
+        return jnp.any(pair_mask(i[:, None], j[None, :]))
+
+    # a few blocks at a time: at most ~2^20 mask cells (1 MB) live, whatever N is
+    per = max(1, min(plan.steps_j, 2**20 // (plan.bi * plan.bj)))
+    return lax.map(live, jnp.arange(plan.steps_j, dtype=jnp.int32), batch_size=per)
 
 
 def _around(ring, n, sweep, carry, rows):
