@@ -94,7 +94,7 @@ def _steps(cfg: Config, only) -> int:
         "s4": len(cfg.s4_ns) * len(w.S4_WAYS) * 2,
         "gaussian": 6,
         "nearest": 6,
-        "attention": 2,
+        "attention": 6,
         "sharded": 1,
     }
     return sum(count[k] for k in only)
@@ -424,8 +424,6 @@ def bench_attention(cfg: Config, prog: Progress) -> list[dict]:
     """Softmax-weighted sum (exact attention) against jax.nn.dot_product_attention, float32."""
     import foldax
 
-    from . import _workloads as w
-
     m = n = cfg.att_n
     d = 64
     rng = np.random.default_rng(3)
@@ -434,31 +432,59 @@ def bench_attention(cfg: Config, prog: Progress) -> list[dict]:
     )
     scale = 1.0 / np.sqrt(d)
 
-    def fold_att(q, k, v):
-        return foldax.pairwise_reduce(
-            lambda qi, kv: (jnp.dot(qi, kv[0]) * scale, kv[1]), q, (k, v), reduction="softmax"
-        )
-
-    def xla_att(q, k, v):
-        return jax.nn.dot_product_attention(q[None, :, None], k[None, :, None], v[None, :, None])[
-            0, :, 0
-        ]
-
-    with jax.enable_x64(True):
-        q64, k64, v64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (q, k, v))
-        ref = np.asarray(jax.nn.softmax(q64 @ k64.T * scale, axis=-1) @ v64)
+    window = 256
+    masks = {  # case suffix -> (foldax mask, jax.nn.dot_product_attention keywords)
+        "": (None, {}),
+        ", causal": (lambda i, j: j <= i, {"is_causal": True}),
+        f", sliding window {window}": (
+            lambda i, j: (j <= i) & (j > i - window),
+            {"local_window_size": (window - 1, 0)},
+        ),
+    }
     rows = []
-    for name, fn in (("jax.nn.dot_product_attention", xla_att), ("foldax", fold_att)):
-        prog.step(f"attention: {name}")
-        jf = jax.jit(fn)
-        g = jax.grad(lambda q, k, v, f=fn: f(q, k, v).sum(), argnums=(0, 1, 2))
-        jg = jax.jit(g)
-        err = float(np.max(np.abs(np.asarray(jf(q, k, v)) - ref)) / np.max(np.abs(ref)))
-        case = f"M = N = {m:,}, D = {d}"
-        for pass_, f, jitted, e in (("forward", fn, jf, err), ("gradient", g, jg, None)):
-            secs = w.median_time(jitted, q, k, v, repeats=cfg.repeats)
-            temp = report(f, q, k, v).temp_bytes
-            rows.append(_row("attention", case, name, pass_, temp, secs, e))
+    for suffix, (mask, kw) in masks.items():
+
+        def fold_att(q, k, v, mask=mask):
+            return foldax.pairwise_reduce(
+                lambda qi, kv: (jnp.dot(qi, kv[0]) * scale, kv[1]),
+                q,
+                (k, v),
+                reduction="softmax",
+                mask=mask,
+            )
+
+        def xla_att(q, k, v, kw=kw):
+            qkv = (q[None, :, None], k[None, :, None], v[None, :, None])
+            return jax.nn.dot_product_attention(*qkv, **kw)[0, :, 0]
+
+        keep = (
+            np.ones((m, n), bool)
+            if mask is None
+            else np.asarray(mask(np.arange(m)[:, None], np.arange(n)[None, :]))
+        )
+        with jax.enable_x64(True):
+            q64, k64, v64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (q, k, v))
+            logits = jnp.where(keep, q64 @ k64.T * scale, -jnp.inf)
+            ref = np.asarray(jax.nn.softmax(logits, axis=-1) @ v64)
+        case = f"M = N = {m:,}, D = {d}{suffix}"
+        for name, fn in (("jax.nn.dot_product_attention", xla_att), ("foldax", fold_att)):
+            prog.step(f"attention{suffix}: {name}")
+            rows += _attention_rows(cfg, case, name, fn, (q, k, v), ref)
+    return rows
+
+
+def _attention_rows(cfg, case, name, fn, args, ref):
+    """Forward and gradient rows (median time, XLA temp bytes; the forward's error) of ``fn``."""
+    from . import _workloads as w
+
+    jf = jax.jit(fn)
+    g = jax.grad(lambda *a: fn(*a).sum(), argnums=(0, 1, 2))
+    jg = jax.jit(g)
+    err = float(np.max(np.abs(np.asarray(jf(*args)) - ref)) / np.max(np.abs(ref)))
+    rows = []
+    for pass_, f, jitted, e in (("forward", fn, jf, err), ("gradient", g, jg, None)):
+        secs = w.median_time(jitted, *args, repeats=cfg.repeats)
+        rows.append(_row("attention", case, name, pass_, report(f, *args).temp_bytes, secs, e))
     return rows
 
 
@@ -695,6 +721,16 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
                     f"attention {f['case']}, {p}: foldax vs jax.nn.dot_product_attention",
                     f"{format_bytes(f['temp_bytes'])} vs {format_bytes(b['temp_bytes'])}",
                     f"{f['seconds'] / b['seconds']:.2f}x",
+                )
+            )
+    plain = _pick(results, "attention", "foldax", "forward")
+    for r in results["workloads"].get("attention", []):
+        if plain and r["impl"] == "foldax" and r["pass"] == "forward" and r is not plain:
+            out.append(
+                (
+                    f"attention {r['case']}, forward: foldax masked vs foldax unmasked",
+                    f"{format_bytes(r['temp_bytes'])} vs {format_bytes(plain['temp_bytes'])}",
+                    f"{r['seconds'] / plain['seconds']:.2f}x",
                 )
             )
     for p in ("forward", "gradient"):
