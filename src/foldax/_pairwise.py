@@ -43,6 +43,22 @@ if TYPE_CHECKING:
 # Monoids that only pairwise reductions use (they need the column index or a pytree value).
 
 
+class _ValuesAndIndices:
+    """Mixin of the monoids whose state is their result, a pair ``(values, indices)``; the
+    derivative rules read the indices."""
+
+    n_outputs = 2
+
+    def outputs(self, st):
+        return st
+
+    def result(self, outputs):
+        return tuple(outputs)
+
+    def info(self, outputs):
+        return (outputs[1],)
+
+
 class ArgExtremum(Monoid):
     """Index of the max / min over ``j`` (first occurrence; NaN counts as the extreme, like NumPy)."""
 
@@ -114,7 +130,7 @@ class ArgExtremum(Monoid):
         return (None,)  # an index has no derivative
 
 
-class ExtremumWithIndex(ArgExtremum):
+class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):
     """The min / max over ``j`` and its index in one pass (KeOps' ``min_argmin``): the index as
     :class:`ArgExtremum` finds it, the value differentiable (its cotangent and tangent go to the
     pair at the index)."""
@@ -122,17 +138,6 @@ class ExtremumWithIndex(ArgExtremum):
     def __init__(self, is_max):
         super().__init__(is_max)
         object.__setattr__(self, "name", "max_argmax" if is_max else "min_argmin")
-
-    n_outputs = 2
-
-    def outputs(self, st):
-        return st
-
-    def result(self, outputs):
-        return tuple(outputs)
-
-    def info(self, outputs):
-        return (outputs[1],)
 
     @staticmethod
     def _at_index(v, mask, idx, index):
@@ -232,7 +237,7 @@ class _Tile:
         return cls(*children)
 
 
-class KMin(Monoid):
+class KMin(_ValuesAndIndices, Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
     NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
@@ -322,19 +327,8 @@ class KMin(Monoid):
         keys, idx, *_ = lax.while_loop(cond, body, (keys, idx, *start, 0))
         return keys, idx
 
-    n_outputs = 2
-
     def finalize(self, st):
         return st
-
-    def outputs(self, st):
-        return st
-
-    def result(self, outputs):
-        return tuple(outputs)
-
-    def info(self, outputs):
-        return (outputs[1],)
 
     def row_cotangent(self, v, mask, info, g, index):
         (idx,) = info
