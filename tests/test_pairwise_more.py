@@ -247,3 +247,43 @@ def test_mask_errors():
         foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i + j)
     with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) failed"):
         foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i.nonexistent)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t, x: foldax.segment_var(x, sizes=_sizes(x), fn=lambda r: jnp.sin(r @ t)),
+        lambda t, x: foldax.segment_prod(x, sizes=_sizes(x), fn=lambda r: jnp.cos(r @ t)),
+        lambda t, x: foldax.pairwise_reduce(
+            lambda a, b: (jnp.dot(a, b * t), 1.0 + jnp.sin(b[0])), x[:64], x, reduction="logsumexp"
+        ),
+        lambda t, x: foldax.pairwise_reduce(
+            lambda a, b: (jnp.dot(a, b * t), b),
+            x[:64],
+            x,
+            reduction="softmax",
+            mask=lambda i, j: j <= i * 64,
+        ),
+        lambda t, x: foldax.vandermonde_transpose(
+            x[:, 0], jax.lax.complex(t[:2], t[:2]), jax.lax.complex(-1.0 - t[2:] ** 2, t[2:])
+        ),
+    ],
+    ids=["segment_var", "segment_prod", "weighted_lse", "masked_softmax", "vandermonde_t"],
+)
+def test_new_reductions_under_a_vmap_of_128_keep_memory_flat_in_n(call):
+    """Gradients of the new reductions inside ``jax.vmap`` over B = 128 parameter vectors:
+    temp memory does not grow when N grows 4x (the planner counts the batch)."""
+
+    def temp(n):
+        t = jax.ShapeDtypeStruct((128, 4), jnp.float32)
+        x = jax.ShapeDtypeStruct((n, 4), jnp.float32)
+        grad = jax.vmap(jax.grad(lambda t, x: jnp.sum(jnp.abs(call(t, x))) ** 1), (0, None))
+        return report(grad, t, x).temp_bytes
+
+    small, big = temp(4096), temp(16384)
+    assert big <= 1.15 * small + 24 * (16384 - 4096), (small, big)  # + O(N) input-sized copies
+
+
+def _sizes(x):
+    n = x.shape[0]
+    return [n // 4, 0, n // 2, n - n // 4 - n // 2]
