@@ -228,6 +228,9 @@ def test_attention_values_as_a_pytree(rng):
 
     out = foldax.pairwise_reduce(kernel, q, (k, v), reduction="softmax")
     want = _attention_reference(q, k, v)
+    single = lambda qi, kv: (jnp.dot(qi, kv[0]), {"v": kv[1]})  # noqa: E731  (one leaf)
+    out1 = foldax.pairwise_reduce(single, q, (k, v), reduction="softmax")
+    assert_allclose(out1["v"], want, dtype=jnp.float32)
     assert_allclose(out["v"], want, dtype=jnp.float32)
     assert_allclose(out["pair"][0], 2 * want[:, :2], dtype=jnp.float32)
     assert_allclose(out["pair"][1], want[:, 3], dtype=jnp.float32)
@@ -252,6 +255,15 @@ def test_empty_pairwise_and_s4_kernels():
     assert_allclose(foldax.pairwise_reduce(dot, x, x[:0]), np.zeros(6), dtype=jnp.float32)
     lse = foldax.pairwise_reduce(dot, x, x[:0], reduction="logsumexp")
     assert np.all(np.asarray(lse) == -np.inf)
+    wk = lambda a, b: (jnp.sum(a * b[0]), b[1])  # noqa: E731  (weighted log-sum-exp)
+    wlse = foldax.pairwise_reduce(wk, x, (x[:0], jnp.ones(0)), reduction="logsumexp")
+    assert np.all(np.asarray(wlse) == -np.inf)
+    one_leaf = lambda a, b: (jnp.sum(a * b), {"v": b})  # noqa: E731
+    assert_allclose(
+        foldax.pairwise_reduce(one_leaf, x, x[:0], reduction="softmax")["v"],
+        np.zeros((6, 3)),
+        dtype=jnp.float32,
+    )
     idx = foldax.pairwise_reduce(dot, x, x[:0], reduction="argmin")
     assert idx.dtype == jnp.int32 and np.all(np.asarray(idx) == np.iinfo(np.int32).max)
     c = lambda *s: jnp.ones(s, jnp.complex64)  # noqa: E731
@@ -288,3 +300,13 @@ def test_block_size_of_bools_is_refused():
 def test_memory_module_exports_its_api_only():
     public = {n for n in dir(foldax.memory) if not n.startswith("_")}
     assert public == set(foldax.memory.__all__)
+
+
+def test_s4_kernels_mix_real_and_complex_inputs_under_strict_promotion():
+    v = jnp.asarray([1.0, 2.0], jnp.float32)  # real residues, complex poles and nodes
+    w, z = jnp.asarray([-1.0 + 1j, -2.0], jnp.complex64), jnp.asarray([0j, 1j], jnp.complex64)
+    want = foldax.cauchy(v.astype(jnp.complex64), z, w)
+    assert_allclose(foldax.cauchy(v, z, w), want, dtype=jnp.float32)
+    x = jnp.asarray([-0.5 + 1j, -0.1 + 0j], jnp.complex64)
+    want = foldax.vandermonde(v.astype(jnp.complex64), x, 4)
+    assert_allclose(foldax.vandermonde(v, x, 4), want, dtype=jnp.float32)

@@ -476,6 +476,15 @@ def lse_weights(v, ok, m, rel):
     return jnp.exp(z)
 
 
+def _two_output_cotangent(v, g, d0, d1):
+    """The values' cotangent from two outputs' (``g[1]`` may be ``None``) and the per-value
+    derivatives ``d0``, ``d1`` of each output (``(G, T, *F)``)."""
+    ct = g[0][:, None].astype(v.dtype) * d0
+    if g[1] is not None:
+        ct = ct + g[1][:, None].astype(v.dtype) * d1
+    return ct
+
+
 class Prod(Monoid):
     """State: (the product of the non-zero values, the number of zeros), both per element; half
     precision multiplies in float32. The result is 0 where a zero was seen, else the product.
@@ -528,11 +537,7 @@ class Prod(Monoid):
         return dres, dp
 
     def row_cotangent(self, v, mask, info, g):
-        dres, dp = self._weights(v, mask, info)
-        ct = g[0][:, None].astype(v.dtype) * dres
-        if g[1] is not None:
-            ct = ct + g[1][:, None].astype(v.dtype) * dp
-        return ct
+        return _two_output_cotangent(v, g, *self._weights(v, mask, info))
 
     def tangent(self, v, dv, mask, info):
         dres, dp = self._weights(v, mask, info)
@@ -620,11 +625,7 @@ class Var(Monoid):
         return dres, dmean
 
     def row_cotangent(self, v, mask, info, g):
-        dres, dmean = self._weights(v, mask, info)
-        ct = g[0][:, None].astype(v.dtype) * dres
-        if g[1] is not None:
-            ct = ct + g[1][:, None].astype(v.dtype) * dmean
-        return ct
+        return _two_output_cotangent(v, g, *self._weights(v, mask, info))
 
     def tangent(self, v, dv, mask, info):
         dres, dmean = self._weights(v, mask, info)

@@ -729,23 +729,23 @@ def _has_dot(jaxpr) -> bool:
     return False
 
 
-def _returns_pair(kernel, x, y) -> bool:
-    try:
-        aval = jax.eval_shape(kernel, _row_avals(x), _row_avals(y))
-    except Exception:  # reported by _check_kernel_output
-        return False
+def _is_pair(aval) -> bool:
     return isinstance(aval, tuple | list) and len(aval) == 2
 
 
-def _check_kernel_output(name, monoid, kernel, x, y):
+def _kernel_aval(name, kernel, x, y):
+    """What ``kernel`` returns for one row of ``x`` and one of ``y`` (traced once, abstractly)."""
     xi, yj = _row_avals(x), _row_avals(y)
     try:
-        aval = jax.eval_shape(kernel, xi, yj)
+        return jax.eval_shape(kernel, xi, yj)
     except Exception as e:  # the user's kernel failed on one (x[i], y[j]) pair
         raise TypeError(
             f"{name}: kernel(xi, yj) failed on one row of x and one row of y "
             f"(shapes {jax.tree.map(lambda a: a.shape, xi)}, {jax.tree.map(lambda a: a.shape, yj)}): {e}"
         ) from e
+
+
+def _check_kernel_output(name, monoid, aval):
     if isinstance(monoid, WeightedLogSumExp):
         if any(jnp.shape(a) != jnp.shape(aval[0]) for a in aval):
             raise TypeError(
@@ -756,8 +756,7 @@ def _check_kernel_output(name, monoid, kernel, x, y):
             monoid.check_dtype(name, f"the kernel's {what}", part.dtype)
         return
     if isinstance(monoid, SoftmaxSum):
-        ok = isinstance(aval, tuple | list) and len(aval) == 2
-        if not ok or jnp.shape(aval[0]) != ():
+        if not _is_pair(aval) or jnp.shape(aval[0]) != ():
             raise TypeError(
                 f"{name}: with reduction='softmax' the kernel must return a pair (logit, value) "
                 f"with a scalar logit, got {aval}."
@@ -849,12 +848,13 @@ def pairwise_reduce(
     if not isinstance(reduction, str):
         raise TypeError(f"{name}: reduction must be a string, got {type(reduction).__name__}.")
     monoid = _monoid_for(name, reduction, k, n)
-    if reduction == "logsumexp" and _returns_pair(kernel, x, y):
+    aval = _kernel_aval(name, kernel, x, y)
+    if reduction == "logsumexp" and _is_pair(aval):
         monoid = WeightedLogSumExp()
-    _check_kernel_output(name, monoid, kernel, x, y)
+    _check_kernel_output(name, monoid, aval)
     unpack = None
     if isinstance(monoid, SoftmaxSum):
-        kernel, unpack = _packed_values(kernel, x, y)
+        kernel, unpack = _packed_values(kernel, aval[1])
     axes = _shard.axis_tuple(name, axis_name)
     split = None if axes else _mesh_split(name, x, y, m, n)
     if mask is not None:
@@ -890,13 +890,13 @@ def _check_mask(name, mask, on_mesh):
         )
 
 
-def _packed_values(kernel, x, y):
-    """A softmax kernel whose values (any pytree, any float dtypes) come packed as one vector,
-    and the function that turns the ``(M, F)`` result back into the values' tree and dtypes."""
-    _, val = jax.eval_shape(kernel, _row_avals(x), _row_avals(y))
+def _packed_values(kernel, val):
+    """A softmax kernel whose values (``val``: their avals, any pytree, any float dtypes) come
+    packed as one vector, and the function that turns the ``(M, F)`` result back into the values'
+    tree and dtypes."""
     leaves, tree = jax.tree.flatten(val)
-    if len(leaves) == 1:
-        return kernel, lambda out: jax.tree.unflatten(tree, [out.astype(leaves[0].dtype)])
+    if isinstance(val, jax.ShapeDtypeStruct):  # one array: only the result's dtype to restore
+        return kernel, lambda out: out.astype(val.dtype)
     dtype = promote(*(leaf.dtype for leaf in leaves))
     ends = np.cumsum([math.prod(leaf.shape) for leaf in leaves])[:-1]
 
@@ -993,19 +993,14 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
 
 def _empty(monoid, kernel, x, y, m):
     """No rows of ``x`` or of ``y``: the reduction's identity for each row of ``x`` (0 for sums,
-    -inf for a log-sum-exp, the dtype's lowest / highest for extrema, index -1 ... see
-    :func:`pairwise_reduce`), in the kernel's dtype."""
-    xi, yj = _row_avals(x), _row_avals(y)
-    aval = jax.eval_shape(kernel, xi, yj)
-    outs = monoid.outputs(monoid.init_aval(m, aval))
-    first = outs[0]
-    dtype = getattr(
-        monoid.value_aval(
-            jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, 1, *a.shape), a.dtype), aval)
-        ),
-        "dtype",
-        None,
+    -inf for a log-sum-exp, the dtype's lowest / highest for extrema, index ``2**31 - 1``; see
+    :func:`pairwise_reduce`), in the kernel's dtype, from the states the engine would start from."""
+    aval = jax.eval_shape(kernel, _row_avals(x), _row_avals(y))
+    row = monoid.value_aval(
+        jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, 1, *a.shape), a.dtype), aval)
     )
+    outs = monoid.outputs(monoid.init_aval(m, row))
+    first, dtype = outs[0], getattr(row, "dtype", None)
     if dtype is not None and jnp.issubdtype(first.dtype, jnp.floating) and first.dtype != dtype:
         first = first.astype(dtype)
     return monoid.result((first, *outs[1:]))

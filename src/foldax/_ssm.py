@@ -201,7 +201,7 @@ def cauchy(
     v, z, w = jnp.asarray(v), jnp.asarray(z), jnp.asarray(w)
     _check_poles(name, conjugate, v=v, w=w)
     batch = _batch_shape(name, v=v, z=z, w=w)
-    dtype = jnp.result_type(v, z, w)
+    dtype = promote(v.dtype, z.dtype, w.dtype)
     v, z, w = v.astype(dtype), z.astype(dtype), w.astype(dtype)
 
     def kernel(zl, vw):
@@ -268,7 +268,7 @@ def vandermonde(
         raise ValueError(f"{name}: length must be positive, got {length}.")
     _check_poles(name, conjugate, v=v, x=x)
     batch = _batch_shape(name, v=v, x=x)
-    dtype = jnp.result_type(v, x)
+    dtype = promote(v.dtype, x.dtype)
     v, x = v.astype(dtype), x.astype(dtype)
 
     def kernel(step, vx):
