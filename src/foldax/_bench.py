@@ -285,6 +285,19 @@ def bench_s4(cfg: Config, prog: Progress) -> list[dict]:
     ]
 
 
+def _point_clouds(n, seed):
+    """Two clouds of ``n`` points in 3-D, float32: NumPy ``x, y`` and their JAX copies."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 3), dtype=np.float32)
+    y = rng.standard_normal((n, 3), dtype=np.float32)
+    return x, y, jnp.asarray(x), jnp.asarray(y)
+
+
+def _sq(a, b):
+    """Squared distance between two points."""
+    return jnp.sum((a - b) ** 2)
+
+
 def bench_gaussian(cfg: Config, prog: Progress) -> list[dict]:
     """Gaussian-kernel sum and logsumexp, M = N = n, D = 3: dense XLA, foldax, pykeops."""
     import foldax
@@ -292,13 +305,8 @@ def bench_gaussian(cfg: Config, prog: Progress) -> list[dict]:
     from . import _workloads as w
 
     n = cfg.gauss_n
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((n, 3), dtype=np.float32)
-    y = rng.standard_normal((n, 3), dtype=np.float32)
-    xj, yj = jnp.asarray(x), jnp.asarray(y)
-
-    def sq(a, b):
-        return jnp.sum((a - b) ** 2)
+    x, y, xj, yj = _point_clouds(n, seed=2)
+    sq = _sq
 
     impls = {
         "sum": {
@@ -365,13 +373,8 @@ def bench_nearest(cfg: Config, prog: Progress) -> list[dict]:
     from . import _workloads as w
 
     n, k = cfg.gauss_n, 5
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((n, 3), dtype=np.float32)
-    y = rng.standard_normal((n, 3), dtype=np.float32)
-    xj, yj = jnp.asarray(x), jnp.asarray(y)
-
-    def sq(a, b):
-        return jnp.sum((a - b) ** 2)
+    x, y, xj, yj = _point_clouds(n, seed=3)
+    sq = _sq
 
     def fold(red, **kw):
         return lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction=red, **kw)

@@ -351,7 +351,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
         return lax.scan(outer, (carry, zero), None, length=plan.steps_i)[0][0]
 
     carry = _shard.to_varying((slot0, tot0, buf0), axes, skip=(1,))
-    if not axes:
+    if not axes:  # (on a mesh the initial states keep the varying types given them above)
         carry = _not_before(carry, (consts, slots, rows))
     if axes and _shard.types_checked(axes):
         # The sums over every row (tots) are typed as the body makes them: complete on every
