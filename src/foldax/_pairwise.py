@@ -32,6 +32,7 @@ from ._monoid import (
     _finite_or_zero,
     _p_extreme,
     _rescale,
+    count,
     lse_weights,
     promote,
 )
@@ -85,7 +86,7 @@ class ArgExtremum(Monoid):
         return better
 
     #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`.
-    dense_tile = (8, 1024)
+    dense_tile = (1024, 1024)
 
     def reduce(self, v, mask, index):
         # Values first (a plain vectorised min / max), then the index: the first column that
@@ -101,9 +102,11 @@ class ArgExtremum(Monoid):
         if not jnp.issubdtype(v.dtype, jnp.floating):
             return (best, _first_index(hit, index))
         t = v.shape[1]
-        col = _expand(lax.broadcasted_iota(jnp.int32, (1, t), 1), v.ndim)
-        # NaN columns rank 0 .. T - 1, hits T .. 2T - 1, the rest 2T (masked cells are not NaN)
-        r = jnp.min(jnp.where(w != w, col, jnp.where(hit, col + t, 2 * t)), axis=1)
+        col = _columns(v.shape)
+        # NaN columns rank 0 .. T - 1, hits T .. 2T - 1, the rest 2T (masked cells are not NaN);
+        # ranked in float32 (exact), which XLA:CPU reduces vectorised, unlike int32
+        r = jnp.where(w != w, col, jnp.where(hit, col + t, jnp.float32(2 * t)))
+        r = jnp.min(r, axis=1).astype(jnp.int32)
         nan = r < t
         best = jnp.where(nan, jnp.asarray(np.nan, v.dtype), best)
         first = jnp.where(r < 2 * t, jnp.take(index, r % t, mode="clip"), _NO_INDEX)
@@ -159,11 +162,18 @@ class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):
 _NO_INDEX = np.iinfo(np.int32).max
 
 
+def _columns(shape):
+    """Each cell's column (axis 1) as float32: tiles are far narrower than 2^24, so exact."""
+    return lax.broadcasted_iota(jnp.float32, shape, 1)
+
+
 def _first_index(hit, index):
     """The global index of the first true column of ``hit`` ``(G, T, *F)`` per slot; int32 max
-    where there is none (a min over indices: vectorised, unlike a variadic argmin)."""
-    at = jnp.where(hit, _expand(index[None, :], hit.ndim), _NO_INDEX)
-    return jnp.min(at, axis=1).astype(jnp.int32)
+    where there is none. A float32 min over column numbers: vectorised, unlike a variadic
+    argmin or an int32 min on XLA:CPU."""
+    t = hit.shape[1]
+    pos = jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
+    return jnp.where(pos < t, jnp.take(index, jnp.minimum(pos, t - 1)), _NO_INDEX)
 
 
 def _key_dtype(dtype):
@@ -201,6 +211,50 @@ def _from_key(key, dtype):
         u = lax.bitcast_convert_type(key, dtype)
         return u ^ jnp.asarray(1 << (8 * jnp.dtype(dtype).itemsize - 1), dtype)
     return key.astype(dtype)
+
+
+def _next_entry(v, mask, index):
+    """``after(lo, lo_i)``: each row's smallest entry of ``v`` ``(g, T)`` beyond the sort key and
+    index ``(lo, lo_i)`` ``(g,)``, as ``(key, index)`` (int max / int32 max where none).
+
+    Floats are compared as values (XLA:CPU reduces float32 vectorised, not the integer keys): a
+    min over the numbers after ``lo``, and the first column holding it, or else the first NaN
+    after ``lo`` -- one float min over ranked columns, as :meth:`ArgExtremum.reduce`.
+    """
+    j = index[None, :]
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+        tk, big = _sort_key(v), jnp.iinfo(_key_dtype(v.dtype)).max
+
+        def after(lo, lo_i):
+            rest = mask & ((tk > lo[:, None]) | ((tk == lo[:, None]) & (j > lo_i[:, None])))
+            m = jnp.min(jnp.where(rest, tk, big), axis=1)
+            return m, _first_index(rest & (tk == m[:, None]), index)
+
+        return after
+
+    nan, t = v != v, v.shape[1]
+    col = _columns(v.shape)
+
+    def after(lo, lo_i):
+        lv = _from_key(lo, v.dtype)[:, None]
+        later = j > lo_i[:, None]
+        # numbers after lo (a NaN or the lowest key at lo compare as the data need: nothing
+        # follows a NaN, everything follows the lowest key); NaNs after lo
+        num = mask & ((v > lv) | ((v == lv) & later)) & ~nan
+        num = num | (mask & ~nan & (lo == jnp.iinfo(lo.dtype).min)[:, None])
+        nans = mask & nan & (~(lv != lv) | later)
+        m = jnp.min(jnp.where(num, v, jnp.asarray(jnp.inf, v.dtype)), axis=1)
+        r = jnp.where(num & (v == m[:, None]), col, jnp.where(nans, col + t, jnp.float32(2 * t)))
+        r = jnp.min(r, axis=1).astype(jnp.int32)
+        key = jnp.where(r < t, _sort_key(m), _sort_key(jnp.full_like(m, jnp.nan)))
+        key = jnp.where(r < 2 * t, key, jnp.iinfo(lo.dtype).max)
+        return key, jnp.where(r < 2 * t, jnp.take(index, r % t, mode="clip"), _NO_INDEX)
+
+    return after
+
+
+#: The largest sort key of each key dtype: beats nothing.
+_KEY_MAX = {jnp.dtype(d): np.iinfo(d).max for d in (np.int32, np.int64)}
 
 
 def _lex_less(a, ai, b, bi):
@@ -250,6 +304,10 @@ class KMin(_ValuesAndIndices, Monoid):
     needs_index = True
     #: rows of a tile merged together (gathered from the rows that have entries to insert)
     ROWS = 16
+    #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`: narrower than
+    #: min's, as the rows with several entries to insert (slow, one pass each) are fewer in a
+    #: narrow tile; at 20,000 x 20,000, (4096, 256) took 0.27 s, (1024, 1024) 0.46 s.
+    dense_tile = (4096, 256)
 
     def __init__(self, k):
         super().__init__("kmin", "real")
@@ -277,55 +335,80 @@ class KMin(_ValuesAndIndices, Monoid):
         return (_from_key(keys[:, : self.k], a[0].dtype), idx[:, : self.k])
 
     def _merge_tile(self, st, tile):
-        """Fold a tile into the state: only the rows with entries beating their k-th best."""
+        """Fold a tile into the state: every row takes the tile's smallest entry if it beats
+        its k-th best (vectorised over the tile); rows with more entries at or below it, or not
+        yet full, then take the rest in order (:meth:`_drain`)."""
         v, mask, index = tile.v, tile.mask, tile.index
-        # The rows that may have entries beating their k-th best: the tile's smallest value is
-        # not above it (one vectorised min, like reduction="min"; a superset of the rows that
-        # do -- ties, NaN, an empty slot's NaN -- which the exact insertion sorts out).
-        high = jnp.inf if jnp.issubdtype(v.dtype, jnp.floating) else jnp.iinfo(v.dtype).max
-        low = jnp.min(jnp.where(mask, v, jnp.asarray(high, v.dtype)), axis=1)
-        need = ~(low > st[0][:, -1])
-        g = min(self.ROWS, v.shape[0])
-        rank = jnp.cumsum(need.astype(jnp.int32)) - 1
-        groups = (jnp.sum(need, dtype=jnp.int32) + g - 1) // g
+        kth = st[0][:, -1]
+        floating = jnp.issubdtype(v.dtype, jnp.floating)
+        high = jnp.asarray(jnp.inf if floating else jnp.iinfo(v.dtype).max, v.dtype)
+        # Sibling float reductions over the tile (NaN never beats a full state's k-th): how
+        # many entries are at or below the k-th best -- a superset of those that beat it --
+        # and the smallest entry, then the first column that holds it.
+        below = count(jnp.where(mask & (v <= kth[:, None]), jnp.float32(1), jnp.float32(0)), 1)
+        low = jnp.min(jnp.where(mask & (v == v), v, high), axis=1)
+        first = _first_index(mask & (v == low[:, None]), index)
+        kd = jnp.dtype(_key_dtype(v.dtype))
+        none = first == _NO_INDEX  # no number: NaN or masked entries only
+        keys, idx = _insert(
+            _sort_key(st[0]), st[1], jnp.where(none, _KEY_MAX[kd], _sort_key(low)), first
+        )
+        # what follows: the entries past the smallest, or all of them
+        lo = (jnp.where(none, np.iinfo(kd).min, _sort_key(low)), jnp.where(none, -1, first))
+        full = ~jnp.isnan(kth) if floating else kth < high
+        keys, idx = self._drain_tile(keys, idx, tile, lo, ~full | (below > 1))
+        return (_from_key(keys, st[0].dtype), idx)
 
-        def group(t, st):
+    def _drain_tile(self, keys, idx, tile, lo, need):
+        """:meth:`_drain` the rows ``need`` past their entries ``lo``: over the whole tile while
+        a quarter of its rows or more still need it (a state's first tiles), then ``ROWS``
+        needy rows at a time, gathered (few, once a few tiles are in)."""
+        v, mask, index = tile.v, tile.mask, tile.index
+        rows = v.shape[0]
+        keys, idx, lo, need = lax.cond(
+            4 * jnp.sum(need, dtype=jnp.int32) > rows,
+            lambda *c: self._drain(v, mask, index, *c, enough=rows // 4),
+            lambda *c: c,
+            keys,
+            idx,
+            lo,
+            need,
+        )
+        g = min(self.ROWS, rows)
+        rank = jnp.cumsum(need.astype(jnp.int32)) - 1
+
+        def group(t, c):
             # the rows of this group, compacted: slot s holds the (t * g + s)-th needy row
             slot = jnp.where(need & (rank >= t * g) & (rank < (t + 1) * g), rank - t * g, g)
-            rows = jnp.full((g,), v.shape[0], jnp.int32)
-            rows = rows.at[slot].set(jnp.arange(v.shape[0], dtype=jnp.int32), mode="drop")
-            at = jnp.minimum(rows, v.shape[0] - 1)
-            keys, idx = self._insert_rows(_sort_key(st[0][at]), st[1][at], v[at], mask[at], index)
-            vals = st[0].at[rows].set(_from_key(keys, st[0].dtype), mode="drop")
-            return (vals, st[1].at[rows].set(idx, mode="drop"))
+            at = jnp.full((g,), rows, jnp.int32)
+            at = at.at[slot].set(jnp.arange(rows, dtype=jnp.int32), mode="drop")
+            a = jnp.minimum(at, rows - 1)
+            part = (c[0][a], c[1][a], (lo[0][a], lo[1][a]), at < rows)
+            k, i, _, _ = self._drain(v[a], mask[a], index, *part, enough=0)
+            return (c[0].at[at].set(k, mode="drop"), c[1].at[at].set(i, mode="drop"))
 
-        return lax.fori_loop(0, groups, group, st)
+        groups = (jnp.sum(need, dtype=jnp.int32) + g - 1) // g
+        return lax.fori_loop(0, groups, group, (keys, idx))
 
-    def _insert_rows(self, keys, idx, v, mask, index):
-        """Insert a few rows' tile entries ``v`` ``(g, T)`` into their k best, in order."""
-        tk = _sort_key(v)
-        big = jnp.iinfo(tk.dtype).max
-        j = index[None, :]
-
-        def smallest_after(lo, lo_i):
-            """The smallest (key, index) of each row beyond ``(lo, lo_i)``."""
-            rest = mask & ((tk > lo[:, None]) | ((tk == lo[:, None]) & (j > lo_i[:, None])))
-            m = jnp.min(jnp.where(rest, tk, big), axis=1)
-            return m, _first_index(rest & (tk == m[:, None]), index)
+    def _drain(self, v, mask, index, keys, idx, lo, need, *, enough):
+        """Insert, in order, the entries of rows ``v`` ``(g, T)`` past ``lo`` that beat their
+        k best (sort keys ``keys``), while more than ``enough`` rows ``need`` it: one pass over
+        the rows per entry. Returns the state, the last entries looked at and the rows that
+        may still have entries to insert."""
+        after = _next_entry(v, mask, index)
 
         def cond(c):
-            keys, idx, m, mi, n = c
-            return jnp.any(_lex_less(m, mi, keys[:, -1], idx[:, -1])) & (n < self.k)
+            return (jnp.sum(c[4], dtype=jnp.int32) > enough) & (c[5] < self.k)
 
         def body(c):
-            keys, idx, m, mi, n = c
-            keys, idx = _insert(keys, idx, m, mi)
-            return (keys, idx, *smallest_after(m, mi), n + 1)
+            keys, idx, lo_key, lo_i, need, n = c
+            m, mi = after(lo_key, lo_i)
+            need = need & _lex_less(m, mi, keys[:, -1], idx[:, -1])
+            keys, idx = _insert(keys, idx, jnp.where(need, m, _KEY_MAX[m.dtype]), mi)
+            return (keys, idx, m, mi, need, n + 1)
 
-        first = jnp.full(keys.shape[:1], jnp.iinfo(tk.dtype).min, tk.dtype)
-        start = smallest_after(first, jnp.full(keys.shape[:1], -1, jnp.int32))
-        keys, idx, *_ = lax.while_loop(cond, body, (keys, idx, *start, 0))
-        return keys, idx
+        keys, idx, *lo, need, _ = lax.while_loop(cond, body, (keys, idx, *lo, need, 0))
+        return keys, idx, tuple(lo), need
 
     def finalize(self, st):
         return st

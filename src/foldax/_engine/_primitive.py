@@ -135,12 +135,16 @@ def _shaped(aval, shape):
 
 
 def _step_fn(spec):
-    """One step's computation (body, then the monoid's tile reduction) for probing."""
+    """One step's computation (body, then the monoid's tile reduction and, for a dense plan,
+    its merge into the block's states, as the loop does) for probing."""
 
     def f(consts, slots, rows, mask, index):
         vals, tots, rowvals = spec.body(consts, slots, rows, mask, index)
         if spec.monoid is not None:
+            row = spec.monoid.value_aval(vals)
             vals = spec.monoid.reduce(vals, mask, *_index(spec, index))
+            if spec.plan.kind == "dense":  # e.g. a k-min merges a whole tile here
+                vals = spec.monoid.combine(spec.monoid.init_aval(mask.shape[0], row), vals)
         return vals, tots, rowvals
 
     return f
@@ -232,9 +236,16 @@ def plan_units(spec, avals) -> int:
     if spec.plan.chunk is not None:
         return 0
     step, cap = spec.budget, math.inf
+    tile = getattr(spec.monoid, "dense_tile", None)
     if jax.default_backend() == "cpu":
         step_bytes, cap = CPU_STEP["pairs" if spec.plan.kind == "dense" else "rows"]
-        step = min(step, step_bytes)
+        if spec.plan.kind == "dense" and spec.plan.row_axis == -1 and tile is not None:
+            # A reduction with a preferred tile (min, argmin, k-min) takes steps of up to that
+            # many pairs within the budget: XLA:CPU spreads a step that large over its
+            # threads, 1.9x faster on 2 cores than an 8192-pair step, which runs on one.
+            cap = max(cap, math.prod(tile))
+        else:
+            step = min(step, step_bytes)
     units = min(step / (unit_bytes(spec, avals) * spec.scale), cap)
     return 1 << max(0, math.floor(math.log2(max(units, 1))))
 
