@@ -337,6 +337,38 @@ def test_kmin_against_argpartition(rng, k):
         assert_allclose(vals, np.take_along_axis(d, ref_idx, 1), dtype=np.float32, err_msg=b)
 
 
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_kmin_many_tiles_inf_nan_and_mask(rng, k):
+    """k-min over many default tiles, where rows take one entry per tile (vectorised) or several
+    (inserted exactly, the whole tile at once or a few rows gathered): +inf and NaN entries,
+    exact ties across tiles, a mask; against a stable NumPy sort by (NaN last, value, index)."""
+    m, n = 300, 5000
+    x = rng.standard_normal((m, 2)).astype(np.float32)
+    y = rng.standard_normal((n, 2)).astype(np.float32)
+    y[4000:4100] = y[:100]  # ties across tiles
+    flag = np.zeros(n, np.float32)
+    flag[rng.choice(n, 40, replace=False)] = np.inf
+    flag[rng.choice(n, 40, replace=False)] = np.nan
+    x[:10, 0] = 2.0  # rows that ignore the flags: no inf / NaN
+
+    def ker(a, b):
+        return jnp.sum((a - b[0]) ** 2) + jnp.where(a[0] > 1.5, 0.0, b[1])
+
+    def mask(i, j):
+        return (j % 7 != 0) | (i < 200)
+
+    vals, idx = jax.jit(
+        lambda x, y: foldax.pairwise_reduce(ker, x, (y, flag), reduction="kmin", k=k, mask=mask)
+    )(x, y)
+    d = ((x[:, None] - y[None]) ** 2).sum(-1) + np.where(x[:, :1] > 1.5, 0.0, flag[None])
+    ref = []
+    for i in range(m):
+        cols = [j for j in range(n) if j % 7 != 0 or i < 200]
+        ref.append(sorted(cols, key=lambda j, r=d[i]: (np.isnan(r[j]), r[j], j))[:k])
+    np.testing.assert_array_equal(np.asarray(idx), np.array(ref))
+    assert_allclose(vals, np.take_along_axis(d, np.array(ref), 1), dtype=np.float32)
+
+
 def test_extremum_on_its_preferred_block(rng):
     """min / max / argmin / argmax on the planner's block for them ((8, 1024): a clamped last
     block of y) with ties, NaN (first NaN wins, also in the clamped block) and NaN-only rows;

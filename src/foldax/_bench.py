@@ -10,6 +10,7 @@ numbers measured in the same run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -401,15 +402,17 @@ def bench_nearest(cfg: Config, prog: Progress) -> list[dict]:
         impls[f"kmin, k = {k}"]["pykeops (CPU)"] = lambda: d2.Kmin_argKmin(k, 1)[1]
     rows = []
     for red, fns in impls.items():
-        for name, fn in fns.items():
+        # foldax and pykeops timed in turns (each call of one is followed by one of the other)
+        calls = {
+            name: (fn if name.startswith("pykeops") else functools.partial(jax.jit(fn), xj, yj))
+            for name, fn in fns.items()
+        }
+        for name in fns:
             prog.step(f"nearest {red}: {name}")
-            if name.startswith("pykeops"):
-                fn()  # the first call compiles (seconds)
-                secs, got, temp = w.median_time(fn, repeats=cfg.repeats), fn(), None
-            else:
-                jf = jax.jit(fn)
-                secs = w.median_time(jf, xj, yj, repeats=cfg.repeats)
-                got, temp = jf(xj, yj), report(fn, xj, yj).temp_bytes
+        times = w.median_times(calls, repeats=cfg.repeats)  # warm-up: compiles (seconds)
+        for name, fn in fns.items():
+            secs, got = times[name], calls[name]()
+            temp = None if name.startswith("pykeops") else report(fn, xj, yj).temp_bytes
             got = np.asarray(got)
             err = (
                 w.max_rel_err(got, ref[red])

@@ -342,8 +342,8 @@ def main(argv=None) -> int:
         "--only",
         action="append",
         metavar="NAME",
-        help="run only this workload (repeatable): seed, precomputed, s4, gaussian, attention, "
-        "sharded",
+        help="run only this workload (repeatable): seed, precomputed, s4, gaussian, nearest, "
+        "attention, sharded",
     )
     b.add_argument(
         "--out",

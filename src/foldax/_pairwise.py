@@ -295,10 +295,13 @@ class KMin(_ValuesAndIndices, Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
     NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
-    every real entry. A tile is never sorted: :meth:`combine` compares each row's smallest
-    value in the tile with its k-th best (one vectorised min; few rows can improve once they
-    have seen a few tiles), gathers the rows that may and inserts their entries in order,
-    smallest first, comparing exact integer sort keys (:func:`_sort_key`).
+    every real entry. A tile is never sorted. :meth:`combine` counts each row's entries at or
+    below its k-th best and finds its smallest entry (float32 reductions, vectorised over the
+    tile); every row takes that smallest if it beats the k-th best, which is all most rows need
+    once they have seen a few tiles. The rows with more, or not yet full, insert the rest in
+    order, one pass per entry: over the whole tile while a quarter of its rows need it (a
+    state's first tiles), then ``ROWS`` rows at a time, gathered. Entries are compared by exact
+    integer sort keys (:func:`_sort_key`) and index.
     """
 
     needs_index = True

@@ -189,6 +189,21 @@ def median_time(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float
     return statistics.median(ts)
 
 
+def median_times(fns: dict[str, Callable], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Median wall time in seconds of each of ``fns`` (no arguments), timed in turns -- one call
+    of each per round -- so that a change in the machine's speed meets all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    ts = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            ts[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in ts.items()}
+
+
 @dataclasses.dataclass
 class Row:
     way: str

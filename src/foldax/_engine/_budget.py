@@ -8,8 +8,10 @@ A step of the fold holds one chunk of rows (or one tile of pairs) and everything
   bounds the scratch memory whatever the outer batch is;
 * a per-backend step size: on CPU a step larger than the caches only costs memory, so steps stop
   growing at :data:`CPU_STEP` (8 MiB and 2^18 rows per batch element for a segment reduction,
-  8 MiB and 2^14 pairs for a pairwise one); on GPU the budget itself is the step size (fewer,
-  larger steps).
+  8 MiB and 2^14 pairs for a pairwise one), except that a reduction with a preferred dense tile
+  (min, argmin, k-min) grows its steps to that tile within the budget, large enough for XLA:CPU
+  to spread them over its threads; on GPU the budget itself is the step size (fewer, larger
+  steps).
 """
 
 from __future__ import annotations
