@@ -253,10 +253,6 @@ def _next_entry(v, mask, index):
     return after
 
 
-#: The largest sort key of each key dtype: beats nothing.
-_KEY_MAX = {jnp.dtype(d): np.iinfo(d).max for d in (np.int32, np.int64)}
-
-
 def _lex_less(a, ai, b, bi):
     """``(a, ai) < (b, bi)``: by value, then by index."""
     return (a < b) | ((a == b) & (ai < bi))
@@ -353,11 +349,12 @@ class KMin(_ValuesAndIndices, Monoid):
         first = _first_index(mask & (v == low[:, None]), index)
         kd = jnp.dtype(_key_dtype(v.dtype))
         none = first == _NO_INDEX  # no number: NaN or masked entries only
+        low_key = _sort_key(low)
         keys, idx = _insert(
-            _sort_key(st[0]), st[1], jnp.where(none, _KEY_MAX[kd], _sort_key(low)), first
+            _sort_key(st[0]), st[1], jnp.where(none, np.iinfo(kd).max, low_key), first
         )
         # what follows: the entries past the smallest, or all of them
-        lo = (jnp.where(none, np.iinfo(kd).min, _sort_key(low)), jnp.where(none, -1, first))
+        lo = (jnp.where(none, np.iinfo(kd).min, low_key), jnp.where(none, -1, first))
         full = ~jnp.isnan(kth) if floating else kth < high
         keys, idx = self._drain_tile(keys, idx, tile, lo, ~full | (below > 1))
         return (_from_key(keys, st[0].dtype), idx)
@@ -407,7 +404,7 @@ class KMin(_ValuesAndIndices, Monoid):
             keys, idx, lo_key, lo_i, need, n = c
             m, mi = after(lo_key, lo_i)
             need = need & _lex_less(m, mi, keys[:, -1], idx[:, -1])
-            keys, idx = _insert(keys, idx, jnp.where(need, m, _KEY_MAX[m.dtype]), mi)
+            keys, idx = _insert(keys, idx, jnp.where(need, m, np.iinfo(m.dtype).max), mi)
             return (keys, idx, m, mi, need, n + 1)
 
         keys, idx, *lo, need, _ = lax.while_loop(cond, body, (keys, idx, *lo, need, 0))
