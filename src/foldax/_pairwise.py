@@ -176,6 +176,29 @@ def _first_index(hit, index):
     return jnp.where(pos < t, jnp.take(index, jnp.minimum(pos, t - 1)), _NO_INDEX)
 
 
+#: widest tile :func:`_hits` counts in one pass: its float32 sums stay exact
+_HITS_ONE_PASS = 256
+
+
+def _hits(hit):
+    """Per row of ``hit`` ``(G, T)``: how many cells are true, and the column of the first (the
+    only one where there is one), as int32.
+
+    For ``T <= 256`` one float32 sum of ``1 + column / 2^15`` over the true cells gives both:
+    the count is its whole part, the sum of their columns its fraction -- every partial sum has
+    at most 9 + 15 significant bits, so it is exact in any order. Wider tiles take a sum and a
+    min (:func:`_first_index`'s column search)."""
+    t = hit.shape[1]
+    zero = jnp.float32(0)
+    if t <= _HITS_ONE_PASS:
+        code = jnp.sum(jnp.where(hit, 1 + _columns(hit.shape) * jnp.float32(2.0**-15), zero), 1)
+        c = code.astype(jnp.int32)
+        return c, jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
+    c = count(jnp.where(hit, jnp.float32(1), zero), 1)
+    col = jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
+    return c, jnp.minimum(col, t - 1)
+
+
 def _key_dtype(dtype):
     return jnp.int64 if jnp.dtype(dtype).itemsize == 8 else jnp.int32
 
@@ -303,6 +326,8 @@ class KMin(_ValuesAndIndices, Monoid):
     needs_index = True
     #: rows of a tile merged together (gathered from the rows that have entries to insert)
     ROWS = 16
+    #: the whole tile is drained while more than 1 / SPARSE of its rows need it
+    SPARSE = 4
     #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`: narrower than
     #: min's, as the rows with several entries to insert (slow, one pass each) are fewer in a
     #: narrow tile; at 20,000 x 20,000, (4096, 256) took 0.27 s, (1024, 1024) 0.46 s.
@@ -334,29 +359,30 @@ class KMin(_ValuesAndIndices, Monoid):
         return (_from_key(keys[:, : self.k], a[0].dtype), idx[:, : self.k])
 
     def _merge_tile(self, st, tile):
-        """Fold a tile into the state: every row takes the tile's smallest entry if it beats
-        its k-th best (vectorised over the tile); rows with more entries at or below it, or not
-        yet full, then take the rest in order (:meth:`_drain`)."""
+        """Fold a tile into the state. One float32 pass over the tile counts, per row, the
+        entries that may enter (at or below its k-th best; every valid entry while the row is
+        not full) and, where there is exactly one, finds its column (:func:`_hits`): those rows
+        -- most rows once a few tiles are in -- take it, vectorised. Rows with more take theirs
+        in order (:meth:`_drain_tile`)."""
         v, mask, index = tile.v, tile.mask, tile.index
         kth = st[0][:, -1]
-        floating = jnp.issubdtype(v.dtype, jnp.floating)
-        high = jnp.asarray(jnp.inf if floating else jnp.iinfo(v.dtype).max, v.dtype)
-        # Sibling float reductions over the tile (NaN never beats a full state's k-th): how
-        # many entries are at or below the k-th best -- a superset of those that beat it --
-        # and the smallest entry, then the first column that holds it.
-        below = count(jnp.where(mask & (v <= kth[:, None]), jnp.float32(1), jnp.float32(0)), 1)
-        low = jnp.min(jnp.where(mask & (v == v), v, high), axis=1)
-        first = _first_index(mask & (v == low[:, None]), index)
-        kd = jnp.dtype(_key_dtype(v.dtype))
-        none = first == _NO_INDEX  # no number: NaN or masked entries only
-        low_key = _sort_key(low)
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            full = ~jnp.isnan(kth)
+        else:
+            full = kth < jnp.iinfo(v.dtype).max
+        c, col = _hits(mask & ((v <= kth[:, None]) | ~full[:, None]))
+        one = c == 1
+        col = jnp.where(one, col, 0)
+        low = jnp.take_along_axis(v, col[:, None], axis=1)[:, 0]
+        kmax = np.iinfo(_key_dtype(v.dtype)).max
         keys, idx = _insert(
-            _sort_key(st[0]), st[1], jnp.where(none, np.iinfo(kd).max, low_key), first
+            _sort_key(st[0]), st[1], jnp.where(one, _sort_key(low), kmax), jnp.take(index, col)
         )
-        # what follows: the entries past the smallest, or all of them
-        lo = (jnp.where(none, np.iinfo(kd).min, low_key), jnp.where(none, -1, first))
-        full = ~jnp.isnan(kth) if floating else kth < high
-        keys, idx = self._drain_tile(keys, idx, tile, lo, ~full | (below > 1))
+        lo = (
+            jnp.full_like(kth, np.iinfo(_key_dtype(v.dtype)).min, keys.dtype),
+            -jnp.ones_like(idx[:, 0]),
+        )
+        keys, idx = self._drain_tile(keys, idx, tile, lo, c > 1)
         return (_from_key(keys, st[0].dtype), idx)
 
     def _drain_tile(self, keys, idx, tile, lo, need):
@@ -366,8 +392,8 @@ class KMin(_ValuesAndIndices, Monoid):
         v, mask, index = tile.v, tile.mask, tile.index
         rows = v.shape[0]
         keys, idx, lo, need = lax.cond(
-            4 * jnp.sum(need, dtype=jnp.int32) > rows,
-            lambda *c: self._drain(v, mask, index, *c, enough=rows // 4),
+            self.SPARSE * jnp.sum(need, dtype=jnp.int32) > rows,
+            lambda *c: self._drain(v, mask, index, *c, enough=rows // self.SPARSE),
             lambda *c: c,
             keys,
             idx,
