@@ -324,8 +324,8 @@ class KMin(_ValuesAndIndices, Monoid):
     """
 
     needs_index = True
-    #: rows of a tile merged together (gathered from the rows that have entries to insert)
-    ROWS = 16
+    #: sizes of the block the few rows with several entries to insert are gathered into
+    CAPACITIES = (16, 64, 256)
     #: the whole tile is drained while more than 1 / SPARSE of its rows need it
     SPARSE = 4
     #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`: narrower than
@@ -378,63 +378,64 @@ class KMin(_ValuesAndIndices, Monoid):
         keys, idx = _insert(
             _sort_key(st[0]), st[1], jnp.where(one, _sort_key(low), kmax), jnp.take(index, col)
         )
-        lo = (
-            jnp.full_like(kth, np.iinfo(_key_dtype(v.dtype)).min, keys.dtype),
-            -jnp.ones_like(idx[:, 0]),
-        )
-        keys, idx = self._drain_tile(keys, idx, tile, lo, c > 1)
+        keys, idx = self._drain_tile(keys, idx, tile, c > 1, c)
         return (_from_key(keys, st[0].dtype), idx)
 
-    def _drain_tile(self, keys, idx, tile, lo, need):
-        """:meth:`_drain` the rows ``need`` past their entries ``lo``: over the whole tile while
-        a quarter of its rows or more still need it (a state's first tiles), then ``ROWS``
-        needy rows at a time, gathered (few, once a few tiles are in)."""
+    def _drain_tile(self, keys, idx, tile, need, left):
+        """Insert in order the entries of the rows ``need`` that beat their k best, at most
+        ``left`` ``(G,)`` per row: over the whole tile while more than 1 / ``SPARSE`` of its
+        rows need it (a state's first tiles), then the rest gathered into one block, the
+        smallest of ``CAPACITIES`` that holds them (a few rows, once a few tiles are in)."""
         v, mask, index = tile.v, tile.mask, tile.index
-        rows = v.shape[0]
-        keys, idx, lo, need = lax.cond(
-            self.SPARSE * jnp.sum(need, dtype=jnp.int32) > rows,
-            lambda *c: self._drain(v, mask, index, *c, enough=rows // self.SPARSE),
-            lambda *c: c,
-            keys,
-            idx,
-            lo,
-            need,
+        rows, kd = v.shape[0], keys.dtype
+        lo = (jnp.full((rows,), np.iinfo(kd).min, kd), jnp.full((rows,), -1, jnp.int32))
+        sparse = rows // self.SPARSE
+        keys, idx, lo, need, left = lax.cond(
+            jnp.sum(need, dtype=jnp.int32) > sparse,
+            lambda c: self._drain(v, mask, index, *c, enough=sparse),
+            lambda c: c,
+            (keys, idx, lo, need, left),
         )
-        g = min(self.ROWS, rows)
+        caps = [g for g in self.CAPACITIES if g < sparse] + [max(sparse, 1)]
         rank = jnp.cumsum(need.astype(jnp.int32)) - 1
 
-        def group(t, c):
-            # the rows of this group, compacted: slot s holds the (t * g + s)-th needy row
-            slot = jnp.where(need & (rank >= t * g) & (rank < (t + 1) * g), rank - t * g, g)
-            at = jnp.full((g,), rows, jnp.int32)
-            at = at.at[slot].set(jnp.arange(rows, dtype=jnp.int32), mode="drop")
-            a = jnp.minimum(at, rows - 1)
-            part = (c[0][a], c[1][a], (lo[0][a], lo[1][a]), at < rows)
-            k, i, _, _ = self._drain(v[a], mask[a], index, *part, enough=0)
-            return (c[0].at[at].set(k, mode="drop"), c[1].at[at].set(i, mode="drop"))
+        def gathered(cap):
+            def run(keys, idx):
+                # slot s of the block holds the s-th row that needs it
+                at = jnp.full((cap,), rows, jnp.int32)
+                at = at.at[jnp.where(need, rank, cap)].set(
+                    jnp.arange(rows, dtype=jnp.int32), mode="drop"
+                )
+                a = jnp.minimum(at, rows - 1)
+                part = (keys[a], idx[a], (lo[0][a], lo[1][a]), at < rows, left[a])
+                k, i, *_ = self._drain(v[a], mask[a], index, *part, enough=0)
+                return keys.at[at].set(k, mode="drop"), idx.at[at].set(i, mode="drop")
 
-        groups = (jnp.sum(need, dtype=jnp.int32) + g - 1) // g
-        return lax.fori_loop(0, groups, group, (keys, idx))
+            return run
 
-    def _drain(self, v, mask, index, keys, idx, lo, need, *, enough):
+        n = jnp.sum(need, dtype=jnp.int32)
+        branch = jnp.where(n > 0, 1 + jnp.sum(n > jnp.asarray(caps[:-1], jnp.int32)), 0)
+        return lax.switch(branch, [lambda *c: c] + [gathered(c) for c in caps], keys, idx)
+
+    def _drain(self, v, mask, index, keys, idx, lo, need, left, *, enough):
         """Insert, in order, the entries of rows ``v`` ``(g, T)`` past ``lo`` that beat their
-        k best (sort keys ``keys``), while more than ``enough`` rows ``need`` it: one pass over
-        the rows per entry. Returns the state, the last entries looked at and the rows that
-        may still have entries to insert."""
+        k best (sort keys ``keys``), at most ``left`` per row, while more than ``enough`` rows
+        ``need`` it: one pass over the rows per entry. Returns the state, the last entries
+        looked at, the rows that may still have entries to insert and how many at most."""
         after = _next_entry(v, mask, index)
 
         def cond(c):
-            return (jnp.sum(c[4], dtype=jnp.int32) > enough) & (c[5] < self.k)
+            return (jnp.sum(c[4], dtype=jnp.int32) > enough) & (c[6] < self.k)
 
         def body(c):
-            keys, idx, lo_key, lo_i, need, n = c
+            keys, idx, lo_key, lo_i, need, left, n = c
             m, mi = after(lo_key, lo_i)
             need = need & _lex_less(m, mi, keys[:, -1], idx[:, -1])
             keys, idx = _insert(keys, idx, jnp.where(need, m, np.iinfo(m.dtype).max), mi)
-            return (keys, idx, m, mi, need, n + 1)
+            return (keys, idx, m, mi, need & (left > 1), left - 1, n + 1)
 
-        keys, idx, *lo, need, _ = lax.while_loop(cond, body, (keys, idx, *lo, need, 0))
-        return keys, idx, tuple(lo), need
+        keys, idx, *lo, need, left, _ = lax.while_loop(cond, body, (keys, idx, *lo, need, left, 0))
+        return keys, idx, tuple(lo), need, left
 
     def finalize(self, st):
         return st
