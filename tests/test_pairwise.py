@@ -337,11 +337,31 @@ def test_kmin_against_argpartition(rng, k):
         assert_allclose(vals, np.take_along_axis(d, ref_idx, 1), dtype=np.float32, err_msg=b)
 
 
-@pytest.mark.parametrize("k", [1, 5, 64])
-def test_kmin_many_tiles_inf_nan_and_mask(rng, k):
-    """k-min over many default tiles, where rows take one entry per tile (vectorised) or several
-    (inserted exactly, the whole tile at once or a few rows gathered): +inf and NaN entries,
-    exact ties across tiles, a mask; against a stable NumPy sort by (NaN last, value, index)."""
+@pytest.mark.parametrize("t", [1, 7, 256, 257, 700])
+def test_kmin_hit_counts_exact(rng, t):
+    """The per-row count and column sum k-min reads off one float32 pass (tiles up to 256 wide)
+    or two sums (wider): exact for every count up to 256 wide, and where two or fewer are true
+    beyond; rows with none, all, and one or two true cells."""
+    from foldax._pairwise import _hits
+
+    hit = rng.random((64, t)) < rng.random((64, 1))
+    hit[0], hit[1] = False, True
+    hit[2], hit[2, t - 1] = False, True
+    if t > 1:
+        hit[3], hit[3, [0, t - 1]] = False, True
+    c, colsum = jax.jit(_hits)(jnp.asarray(hit))
+    np.testing.assert_array_equal(np.asarray(c), hit.sum(1))
+    exact = (hit.sum(1) <= 2) | (t <= 256)
+    want = (hit * np.arange(t)).sum(1)
+    np.testing.assert_array_equal(np.asarray(colsum)[exact], want[exact])
+
+
+@pytest.mark.parametrize("k, block", [(1, None), (5, None), (64, None), (5, (64, 700))])
+def test_kmin_many_tiles_inf_nan_and_mask(rng, k, block):
+    """k-min over many tiles (the default 256 wide, and wider ones, counted by two sums), where
+    rows take one entry per tile (vectorised) or several (the whole tile at once, or a few rows
+    gathered, in column or value order): +inf and NaN entries, exact ties across tiles, a mask;
+    against a stable NumPy sort by (NaN last, value, index)."""
     m, n = 300, 5000
     x = rng.standard_normal((m, 2)).astype(np.float32)
     y = rng.standard_normal((n, 2)).astype(np.float32)
@@ -358,7 +378,9 @@ def test_kmin_many_tiles_inf_nan_and_mask(rng, k):
         return (j % 7 != 0) | (i < 200)
 
     vals, idx = jax.jit(
-        lambda x, y: foldax.pairwise_reduce(ker, x, (y, flag), reduction="kmin", k=k, mask=mask)
+        lambda x, y: foldax.pairwise_reduce(
+            ker, x, (y, flag), reduction="kmin", k=k, mask=mask, block_size=block
+        )
     )(x, y)
     d = ((x[:, None] - y[None]) ** 2).sum(-1) + np.where(x[:, :1] > 1.5, 0.0, flag[None])
     ref = []

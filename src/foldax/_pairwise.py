@@ -167,12 +167,18 @@ def _columns(shape):
     return lax.broadcasted_iota(jnp.float32, shape, 1)
 
 
+def _first_column(hit):
+    """The first true column of ``hit`` ``(G, T, *F)`` per slot, int32; ``T`` where none. A
+    float32 min over column numbers: vectorised, unlike a variadic argmin or an int32 min on
+    XLA:CPU."""
+    t = hit.shape[1]
+    return jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
+
+
 def _first_index(hit, index):
     """The global index of the first true column of ``hit`` ``(G, T, *F)`` per slot; int32 max
-    where there is none. A float32 min over column numbers: vectorised, unlike a variadic
-    argmin or an int32 min on XLA:CPU."""
-    t = hit.shape[1]
-    pos = jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
+    where there is none (:func:`_first_column`)."""
+    t, pos = hit.shape[1], _first_column(hit)
     return jnp.where(pos < t, jnp.take(index, jnp.minimum(pos, t - 1)), _NO_INDEX)
 
 
@@ -181,22 +187,29 @@ _HITS_ONE_PASS = 256
 
 
 def _hits(hit):
-    """Per row of ``hit`` ``(G, T)``: how many cells are true, and the column of the first (the
-    only one where there is one), as int32.
+    """Per row of ``hit`` ``(G, T)``: how many cells are true, and the sum of their columns
+    (so the column of the only one, where there is one), as int32; the sum is exact where at
+    most two are true, and for every row of a tile up to 256 wide.
 
-    For ``T <= 256`` one float32 sum of ``1 + column / 2^15`` over the true cells gives both:
-    the count is its whole part, the sum of their columns its fraction -- every partial sum has
-    at most 9 + 15 significant bits, so it is exact in any order. Wider tiles take a sum and a
-    min (:func:`_first_index`'s column search)."""
-    t = hit.shape[1]
-    zero = jnp.float32(0)
+    Up to 256 columns one float32 sum of ``1 + column / 2^15`` over the true cells gives both:
+    the count is its whole part, the sum of columns its fraction -- every partial sum has at
+    most 9 + 15 significant bits, so it is exact in any order. Wider tiles take two sums."""
+    t, zero = hit.shape[1], jnp.float32(0)
     if t <= _HITS_ONE_PASS:
         code = jnp.sum(jnp.where(hit, 1 + _columns(hit.shape) * jnp.float32(2.0**-15), zero), 1)
         c = code.astype(jnp.int32)
         return c, jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
     c = count(jnp.where(hit, jnp.float32(1), zero), 1)
-    col = jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
-    return c, jnp.minimum(col, t - 1)
+    return c, jnp.sum(jnp.where(hit, _columns(hit.shape), zero), 1).astype(jnp.int32)
+
+
+def _insert_at(keys, idx, v, index, take, col):
+    """:func:`_insert` each row's entry of ``v`` ``(G, T)`` in column ``col`` ``(G,)`` (global
+    index ``index[col]``) where ``take``; rows not taking keep their k best."""
+    col = jnp.where(take, col, 0)
+    val = jnp.take_along_axis(v, col[:, None], axis=1)[:, 0]
+    key = jnp.where(take, _sort_key(val), np.iinfo(keys.dtype).max)
+    return _insert(keys, idx, key, jnp.take(index, col))
 
 
 def _key_dtype(dtype):
@@ -255,10 +268,10 @@ def _next_entry(v, mask, index):
 
         return after
 
-    nan, t = v != v, v.shape[1]
-    col = _columns(v.shape)
+    t = v.shape[1]
 
     def after(lo, lo_i):
+        nan, col = v != v, _columns(v.shape)
         lv = _from_key(lo, v.dtype)[:, None]
         later = j > lo_i[:, None]
         # numbers after lo (a NaN or the lowest key at lo compare as the data need: nothing
@@ -294,6 +307,31 @@ def _insert(keys, idx, m, mi):
     return put(keys, m), put(idx, mi)
 
 
+def _insert_columns(keys, idx, v, index, hit, take, c, colsum):
+    """:func:`_insert` every candidate ``hit`` ``(G, T)`` of the rows ``take``, in column order:
+    a min over the columns after the last finds the next, and a row's last one is its column
+    sum ``colsum`` less the others'. Order does not matter to the k best; one pass per entry
+    but the last, against two for the entry next in value (:func:`_next_entry`)."""
+    col = _columns(hit.shape)
+    t = hit.shape[1]
+
+    def cond(st):
+        return jnp.any(st[2] > 0)
+
+    def body(st):
+        keys, idx, left, prev, seen = st
+        nxt = jnp.min(jnp.where(hit & (col > prev[:, None]), col, jnp.float32(t)), axis=1)
+        nxt = nxt.astype(jnp.int32)
+        last = left == 1
+        pos = jnp.where(last, colsum - seen, nxt)
+        keys, idx = _insert_at(keys, idx, v, index, left > 0, pos)
+        return (keys, idx, left - 1, nxt.astype(jnp.float32), seen + pos)
+
+    zeros = jnp.zeros_like(c)
+    start = (keys, idx, jnp.where(take, c, 0), jnp.full(c.shape, -1.0, jnp.float32), zeros)
+    return lax.while_loop(cond, body, start)[:2]
+
+
 @jax.tree_util.register_pytree_node_class
 class _Tile:
     """A tile's values as :meth:`KMin.reduce` hands them on: they are merged into the running k
@@ -314,18 +352,20 @@ class KMin(_ValuesAndIndices, Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
     NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
-    every real entry. A tile is never sorted. :meth:`combine` counts each row's entries at or
-    below its k-th best and finds its smallest entry (float32 reductions, vectorised over the
-    tile); every row takes that smallest if it beats the k-th best, which is all most rows need
-    once they have seen a few tiles. The rows with more, or not yet full, insert the rest in
-    order, one pass per entry: over the whole tile while a quarter of its rows need it (a
-    state's first tiles), then ``ROWS`` rows at a time, gathered. Entries are compared by exact
-    integer sort keys (:func:`_sort_key`) and index.
+    every real entry. A tile is never sorted. :meth:`combine` makes one float32 pass over a
+    tile: per row, how many entries may enter (at or below its k-th best, or any while it is
+    not full) and, where there is one, which (:func:`_hits`). Once a row has seen a few tiles
+    that is most rows, and they take it, vectorised. Rows with several insert them one pass
+    each: over the whole tile while more than 1 / ``SPARSE`` of its rows need it (a state's
+    first tiles) in value order, stopping at the first that does not beat the k-th best; then
+    the few left gathered into one small block, in column order where they have at most
+    eight (:func:`_insert_columns`). Entries are compared by exact integer sort keys
+    (:func:`_sort_key`) and index.
     """
 
     needs_index = True
     #: sizes of the block the few rows with several entries to insert are gathered into
-    CAPACITIES = (16, 64, 256)
+    CAPACITIES = (8, 16, 32, 64, 128, 256)
     #: the whole tile is drained while more than 1 / SPARSE of its rows need it
     SPARSE = 4
     #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`: narrower than
@@ -370,31 +410,27 @@ class KMin(_ValuesAndIndices, Monoid):
             full = ~jnp.isnan(kth)
         else:
             full = kth < jnp.iinfo(v.dtype).max
-        c, col = _hits(mask & ((v <= kth[:, None]) | ~full[:, None]))
-        one = c == 1
-        col = jnp.where(one, col, 0)
-        low = jnp.take_along_axis(v, col[:, None], axis=1)[:, 0]
-        kmax = np.iinfo(_key_dtype(v.dtype)).max
-        keys, idx = _insert(
-            _sort_key(st[0]), st[1], jnp.where(one, _sort_key(low), kmax), jnp.take(index, col)
-        )
-        keys, idx = self._drain_tile(keys, idx, tile, c > 1, c)
+        c, colsum = _hits(mask & ((v <= kth[:, None]) | ~full[:, None]))
+        keys, idx = _insert_at(_sort_key(st[0]), st[1], v, index, c == 1, colsum)
+        keys, idx = self._drain_tile(keys, idx, tile, (kth, full), c, colsum)
         return (_from_key(keys, st[0].dtype), idx)
 
-    def _drain_tile(self, keys, idx, tile, need, left):
-        """Insert in order the entries of the rows ``need`` that beat their k best, at most
-        ``left`` ``(G,)`` per row: over the whole tile while more than 1 / ``SPARSE`` of its
-        rows need it (a state's first tiles), then the rest gathered into one block, the
-        smallest of ``CAPACITIES`` that holds them (a few rows, once a few tiles are in)."""
+    def _drain_tile(self, keys, idx, tile, bound, c, colsum):
+        """Insert in order the entries of the rows with ``c`` ``(G,)`` > 1 candidates (at or
+        below the k-th best ``bound[0]``, or any while not ``bound[1]`` full) that beat their
+        k best: over the whole tile while more than 1 / ``SPARSE`` of its rows need it (a
+        state's first tiles), then the rest gathered into one block, the smallest of
+        ``CAPACITIES`` that holds them (a few rows, once a few tiles are in). There, a row
+        with two candidates finds the first and so both (``colsum``); others drain."""
         v, mask, index = tile.v, tile.mask, tile.index
         rows, kd = v.shape[0], keys.dtype
         lo = (jnp.full((rows,), np.iinfo(kd).min, kd), jnp.full((rows,), -1, jnp.int32))
         sparse = rows // self.SPARSE
         keys, idx, lo, need, left = lax.cond(
-            jnp.sum(need, dtype=jnp.int32) > sparse,
-            lambda c: self._drain(v, mask, index, *c, enough=sparse),
-            lambda c: c,
-            (keys, idx, lo, need, left),
+            jnp.sum(c > 1, dtype=jnp.int32) > sparse,
+            lambda st: self._drain(v, mask, index, *st, enough=sparse),
+            lambda st: st,
+            (keys, idx, lo, c > 1, c),
         )
         caps = [g for g in self.CAPACITIES if g < sparse] + [max(sparse, 1)]
         rank = jnp.cumsum(need.astype(jnp.int32)) - 1
@@ -406,16 +442,27 @@ class KMin(_ValuesAndIndices, Monoid):
                 at = at.at[jnp.where(need, rank, cap)].set(
                     jnp.arange(rows, dtype=jnp.int32), mode="drop"
                 )
-                a = jnp.minimum(at, rows - 1)
-                part = (keys[a], idx[a], (lo[0][a], lo[1][a]), at < rows, left[a])
-                k, i, *_ = self._drain(v[a], mask[a], index, *part, enough=0)
-                return keys.at[at].set(k, mode="drop"), idx.at[at].set(i, mode="drop")
+                a, live = jnp.minimum(at, rows - 1), at < rows
+                vb, mb, kb, ib = v[a], mask[a], keys[a], idx[a]
+                # few candidates, not yet drained: each, in column order
+                few = live & (c[a] == left[a]) & (c[a] <= self._few(vb.shape[1]))
+                hit = mb & ((vb <= bound[0][a][:, None]) | ~bound[1][a][:, None])
+                kb, ib = _insert_columns(kb, ib, vb, index, hit, few, c[a], colsum[a])
+                part = ((lo[0][a], lo[1][a]), live & ~few, left[a])
+                kb, ib, *_ = self._drain(vb, mb, index, kb, ib, *part, enough=0)
+                return keys.at[at].set(kb, mode="drop"), idx.at[at].set(ib, mode="drop")
 
             return run
 
         n = jnp.sum(need, dtype=jnp.int32)
         branch = jnp.where(n > 0, 1 + jnp.sum(n > jnp.asarray(caps[:-1], jnp.int32)), 0)
-        return lax.switch(branch, [lambda *c: c] + [gathered(c) for c in caps], keys, idx)
+        return lax.switch(branch, [lambda *st: st] + [gathered(g) for g in caps], keys, idx)
+
+    @staticmethod
+    def _few(t):
+        """Most candidates a row inserts in column order (:func:`_insert_columns`): beyond,
+        value order stops sooner; in tiles wider than 256 the column sums are exact for two."""
+        return 8 if t <= _HITS_ONE_PASS else 2
 
     def _drain(self, v, mask, index, keys, idx, lo, need, left, *, enough):
         """Insert, in order, the entries of rows ``v`` ``(g, T)`` past ``lo`` that beat their
