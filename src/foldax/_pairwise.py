@@ -32,7 +32,6 @@ from ._monoid import (
     _finite_or_zero,
     _p_extreme,
     _rescale,
-    count,
     lse_weights,
     promote,
 )
@@ -182,25 +181,29 @@ def _first_index(hit, index):
     return jnp.where(pos < t, jnp.take(index, jnp.minimum(pos, t - 1)), _NO_INDEX)
 
 
-#: widest tile :func:`_hits` counts in one pass: its float32 sums stay exact
-_HITS_ONE_PASS = 256
+#: columns whose hits :func:`_hits` counts in one float32 number: its sums stay exact
+_HITS_CHUNK = 256
 
 
 def _hits(hit):
     """Per row of ``hit`` ``(G, T)``: how many cells are true, and the sum of their columns
-    (so the column of the only one, where there is one), as int32; the sum is exact where at
-    most two are true, and for every row of a tile up to 256 wide.
+    (so the column of the only one, where there is one), as int32 -- in one float32 pass.
 
-    Up to 256 columns one float32 sum of ``1 + column / 2^15`` over the true cells gives both:
-    the count is its whole part, the sum of columns its fraction -- every partial sum has at
-    most 9 + 15 significant bits, so it is exact in any order. Wider tiles take two sums."""
-    t, zero = hit.shape[1], jnp.float32(0)
-    if t <= _HITS_ONE_PASS:
-        code = jnp.sum(jnp.where(hit, 1 + _columns(hit.shape) * jnp.float32(2.0**-15), zero), 1)
-        c = code.astype(jnp.int32)
-        return c, jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
-    c = count(jnp.where(hit, jnp.float32(1), zero), 1)
-    return c, jnp.sum(jnp.where(hit, _columns(hit.shape), zero), 1).astype(jnp.int32)
+    Each chunk of 256 columns sums ``1 + column / 2^15`` over its true cells: the count is the
+    whole part, the sum of its columns the fraction. Every partial sum has at most 9 + 15
+    significant bits, so it is exact in any order; chunks are combined in int32."""
+    g, t = hit.shape
+    w = min(t, _HITS_CHUNK)
+    pad = -t % w
+    if pad:
+        hit = jnp.pad(hit, ((0, 0), (0, pad)))
+    hit = hit.reshape(g, -1, w)
+    col = lax.broadcasted_iota(jnp.float32, hit.shape, 2)
+    code = jnp.sum(jnp.where(hit, 1 + col * jnp.float32(2.0**-15), jnp.float32(0)), 2)
+    c = code.astype(jnp.int32)
+    within = jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
+    base = jnp.arange(hit.shape[1], dtype=jnp.int32) * w
+    return jnp.sum(c, 1), jnp.sum(within + c * base, 1)
 
 
 def _insert_at(keys, idx, v, index, take, col):
@@ -445,7 +448,7 @@ class KMin(_ValuesAndIndices, Monoid):
                 a, live = jnp.minimum(at, rows - 1), at < rows
                 vb, mb, kb, ib = v[a], mask[a], keys[a], idx[a]
                 # few candidates, not yet drained: each, in column order
-                few = live & (c[a] == left[a]) & (c[a] <= self._few(vb.shape[1]))
+                few = live & (c[a] == left[a]) & (c[a] <= self.FEW)
                 hit = mb & ((vb <= bound[0][a][:, None]) | ~bound[1][a][:, None])
                 kb, ib = _insert_columns(kb, ib, vb, index, hit, few, c[a], colsum[a])
                 part = ((lo[0][a], lo[1][a]), live & ~few, left[a])
@@ -458,11 +461,9 @@ class KMin(_ValuesAndIndices, Monoid):
         branch = jnp.where(n > 0, 1 + jnp.sum(n > jnp.asarray(caps[:-1], jnp.int32)), 0)
         return lax.switch(branch, [lambda *st: st] + [gathered(g) for g in caps], keys, idx)
 
-    @staticmethod
-    def _few(t):
-        """Most candidates a row inserts in column order (:func:`_insert_columns`): beyond,
-        value order stops sooner; in tiles wider than 256 the column sums are exact for two."""
-        return 8 if t <= _HITS_ONE_PASS else 2
+    #: most candidates a row inserts in column order (:func:`_insert_columns`); beyond, value
+    #: order stops sooner
+    FEW = 8
 
     def _drain(self, v, mask, index, keys, idx, lo, need, left, *, enough):
         """Insert, in order, the entries of rows ``v`` ``(g, T)`` past ``lo`` that beat their
