@@ -434,12 +434,15 @@ def test_integer_kernel_argmin_max(rng):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
-def test_integer_kernel_kmin(rng):
-    xi = rng.integers(0, 10, (M, 2)).astype(np.int32)
-    yi = rng.integers(0, 10, (N, 2)).astype(np.int32)
+@pytest.mark.parametrize("m, n, block", [(M, N, (8, 16)), (200, 3000, None)])
+def test_integer_kernel_kmin(rng, m, n, block):
+    """Integer k-min, on small tiles and on the default ones (a few values: ties everywhere, so
+    rows insert several entries per tile, in column or value order)."""
+    xi = rng.integers(0, 10, (m, 2)).astype(np.int32)
+    yi = rng.integers(0, 10, (n, 2)).astype(np.int32)
     d = np.abs(xi[:, None].astype(np.int64) - yi[None]).sum(-1)
     vals, idx = foldax.pairwise_reduce(
-        lambda a, b: jnp.sum(jnp.abs(a - b)), xi, yi, reduction="kmin", k=4, block_size=(8, 16)
+        lambda a, b: jnp.sum(jnp.abs(a - b)), xi, yi, reduction="kmin", k=4, block_size=block
     )
     ref_vals, ref_idx = np_reduce("kmin", d, 4)
     np.testing.assert_array_equal(idx, ref_idx)

@@ -203,7 +203,7 @@ def _hits(hit):
     c = code.astype(jnp.int32)
     within = jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
     base = jnp.arange(hit.shape[1], dtype=jnp.int32) * w
-    return jnp.sum(c, 1), jnp.sum(within + c * base, 1)
+    return jnp.sum(c, 1, dtype=jnp.int32), jnp.sum(within + c * base, 1, dtype=jnp.int32)
 
 
 def _insert_at(keys, idx, v, index, take, col):
@@ -310,6 +310,21 @@ def _insert(keys, idx, m, mi):
     return put(keys, m), put(idx, mi)
 
 
+def _candidates(v, mask, index, bound):
+    """The entries of ``v`` ``(G, T)`` (global columns ``index``) that may beat their row's k-th
+    best ``bound = (value, index, full)`` ``(G,)`` each: at or below it, or below it where
+    every column of the tile comes after its index (so that a tie loses) -- one comparison, a
+    superset of those that beat it; every valid entry in a row not yet full (its k-th best is
+    the identity, or a NaN, which any entry may displace)."""
+    kth, kth_i, full = bound
+    strict = jnp.min(index) > kth_i
+    if jnp.issubdtype(v.dtype, jnp.floating):
+        below = jnp.nextafter(kth, jnp.asarray(-jnp.inf, kth.dtype))
+    else:
+        below = jnp.maximum(kth, jnp.iinfo(kth.dtype).min + 1) - 1
+    return mask & ((v <= jnp.where(strict, below, kth)[:, None]) | ~full[:, None])
+
+
 def _insert_columns(keys, idx, v, index, hit, take, c, colsum):
     """:func:`_insert` every candidate ``hit`` ``(G, T)`` of the rows ``take``, in column order:
     a min over the columns after the last finds the next, and a row's last one is its column
@@ -403,28 +418,29 @@ class KMin(_ValuesAndIndices, Monoid):
 
     def _merge_tile(self, st, tile):
         """Fold a tile into the state. One float32 pass over the tile counts, per row, the
-        entries that may enter (at or below its k-th best; every valid entry while the row is
-        not full) and, where there is exactly one, finds its column (:func:`_hits`): those rows
-        -- most rows once a few tiles are in -- take it, vectorised. Rows with more take theirs
-        in order (:meth:`_drain_tile`)."""
+        entries that beat its k-th best (every valid entry while the row is not full) and,
+        where there is exactly one, finds its column (:func:`_hits`): those rows -- most rows
+        once a few tiles are in -- take it, vectorised. Rows with more take theirs one pass
+        each (:meth:`_drain_tile`)."""
         v, mask, index = tile.v, tile.mask, tile.index
         kth = st[0][:, -1]
         if jnp.issubdtype(v.dtype, jnp.floating):
             full = ~jnp.isnan(kth)
         else:
             full = kth < jnp.iinfo(v.dtype).max
-        c, colsum = _hits(mask & ((v <= kth[:, None]) | ~full[:, None]))
+        bound = (kth, st[1][:, -1], full)
+        c, colsum = _hits(_candidates(v, mask, index, bound))
         keys, idx = _insert_at(_sort_key(st[0]), st[1], v, index, c == 1, colsum)
-        keys, idx = self._drain_tile(keys, idx, tile, (kth, full), c, colsum)
+        keys, idx = self._drain_tile(keys, idx, tile, bound, c, colsum)
         return (_from_key(keys, st[0].dtype), idx)
 
     def _drain_tile(self, keys, idx, tile, bound, c, colsum):
-        """Insert in order the entries of the rows with ``c`` ``(G,)`` > 1 candidates (at or
-        below the k-th best ``bound[0]``, or any while not ``bound[1]`` full) that beat their
-        k best: over the whole tile while more than 1 / ``SPARSE`` of its rows need it (a
-        state's first tiles), then the rest gathered into one block, the smallest of
-        ``CAPACITIES`` that holds them (a few rows, once a few tiles are in). There, a row
-        with two candidates finds the first and so both (``colsum``); others drain."""
+        """Insert the candidates (:func:`_candidates` of ``bound``) of the rows with ``c``
+        ``(G,)`` > 1 of them: over the whole tile in value order while more than 1 /
+        ``SPARSE`` of its rows need it (a state's first tiles), then the rest gathered into
+        one block, the smallest of ``CAPACITIES`` that holds them (a few rows, once a few
+        tiles are in), in column order where a row has at most ``FEW`` (the last one from
+        its column sum ``colsum``)."""
         v, mask, index = tile.v, tile.mask, tile.index
         rows, kd = v.shape[0], keys.dtype
         lo = (jnp.full((rows,), np.iinfo(kd).min, kd), jnp.full((rows,), -1, jnp.int32))
@@ -449,7 +465,7 @@ class KMin(_ValuesAndIndices, Monoid):
                 vb, mb, kb, ib = v[a], mask[a], keys[a], idx[a]
                 # few candidates, not yet drained: each, in column order
                 few = live & (c[a] == left[a]) & (c[a] <= self.FEW)
-                hit = mb & ((vb <= bound[0][a][:, None]) | ~bound[1][a][:, None])
+                hit = _candidates(vb, mb, index, tuple(b[a] for b in bound))
                 kb, ib = _insert_columns(kb, ib, vb, index, hit, few, c[a], colsum[a])
                 part = ((lo[0][a], lo[1][a]), live & ~few, left[a])
                 kb, ib, *_ = self._drain(vb, mb, index, kb, ib, *part, enough=0)
