@@ -346,7 +346,7 @@ def _insert_columns(keys, idx, v, index, hit, take, c, colsum):
         return (keys, idx, left - 1, nxt.astype(jnp.float32), seen + pos)
 
     zeros = jnp.zeros_like(c)
-    start = (keys, idx, jnp.where(take, c, 0), jnp.full(c.shape, -1.0, jnp.float32), zeros)
+    start = (keys, idx, jnp.where(take, c, 0), jnp.full_like(c, -1, jnp.float32), zeros)
     return lax.while_loop(cond, body, start)[:2]
 
 
@@ -443,7 +443,8 @@ class KMin(_ValuesAndIndices, Monoid):
         its column sum ``colsum``)."""
         v, mask, index = tile.v, tile.mask, tile.index
         rows, kd = v.shape[0], keys.dtype
-        lo = (jnp.full((rows,), np.iinfo(kd).min, kd), jnp.full((rows,), -1, jnp.int32))
+        # like c: on a mesh, as varying as the data (a constant carry would not be)
+        lo = (jnp.full_like(c, np.iinfo(kd).min, kd), jnp.full_like(c, -1, jnp.int32))
         sparse = rows // self.SPARSE
         keys, idx, lo, need, left = lax.cond(
             jnp.sum(c > 1, dtype=jnp.int32) > sparse,
@@ -474,7 +475,9 @@ class KMin(_ValuesAndIndices, Monoid):
             return run
 
         n = jnp.sum(need, dtype=jnp.int32)
-        branch = jnp.where(n > 0, 1 + jnp.sum(n > jnp.asarray(caps[:-1], jnp.int32)), 0)
+        # scalar comparisons: an array constant here would be a constant captured inside
+        # shard_map, which its dead-code pass does not expect (a failed assertion)
+        branch = jnp.where(n > 0, 1 + sum((n > g).astype(jnp.int32) for g in caps[:-1]), 0)
         return lax.switch(branch, [lambda *st: st] + [gathered(g) for g in caps], keys, idx)
 
     #: most candidates a row inserts in column order (:func:`_insert_columns`); beyond, value
