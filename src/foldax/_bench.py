@@ -588,7 +588,10 @@ NOTES = {
     "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k = 5 nearest "
     '(`reduction="kmin"`, pykeops\' `Kmin_argKmin`). The error column of argmin and k-min is '
     "the fraction of indices that differ from NumPy's on float64 distances (near-ties may "
-    "round either way in float32).",
+    "round either way in float32). foldax spreads each step's large fusions over XLA:CPU's "
+    "threads, pykeops runs one loop per thread: on a shared 2-core virtual machine, where "
+    "waking a thread sometimes costs far more than usual, foldax's times can double from one "
+    "run to the next while pykeops' stay put; on one core (`taskset -c 0`) both are steady.",
     "sharded": "One process with `XLA_FLAGS=--xla_force_host_platform_device_count=8`: the same "
     "program on one device and with the rows split over 8 (N padded to a multiple of 8, padding "
     "rows dropped by id). The 8 simulated devices share this machine's cores: the time ratio "
