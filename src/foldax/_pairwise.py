@@ -166,18 +166,12 @@ def _columns(shape):
     return lax.broadcasted_iota(jnp.float32, shape, 1)
 
 
-def _first_column(hit):
-    """The first true column of ``hit`` ``(G, T, *F)`` per slot, int32; ``T`` where none. A
-    float32 min over column numbers: vectorised, unlike a variadic argmin or an int32 min on
-    XLA:CPU."""
-    t = hit.shape[1]
-    return jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
-
-
 def _first_index(hit, index):
     """The global index of the first true column of ``hit`` ``(G, T, *F)`` per slot; int32 max
-    where there is none (:func:`_first_column`)."""
-    t, pos = hit.shape[1], _first_column(hit)
+    where there is none. A float32 min over column numbers: vectorised, unlike a variadic
+    argmin or an int32 min on XLA:CPU."""
+    t = hit.shape[1]
+    pos = jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
     return jnp.where(pos < t, jnp.take(index, jnp.minimum(pos, t - 1)), _NO_INDEX)
 
 
@@ -189,11 +183,11 @@ def _hits(hit):
     """Per row of ``hit`` ``(G, T)``: how many cells are true, and the sum of their columns
     (so the column of the only one, where there is one), as int32 -- in one float32 pass.
 
-    Each chunk of 256 columns sums ``1 + column / 2^15`` over its true cells: the count is the
-    whole part, the sum of its columns the fraction. Every partial sum has at most 9 + 15
-    significant bits, so it is exact in any order; chunks are combined in int32."""
+    Each chunk of at most 256 columns sums ``1 + column / 2^15`` over its true cells: the
+    count is the whole part, the sum of its columns the fraction. Every partial sum has at most
+    9 + 15 significant bits, so it is exact in any order; chunks are combined in int32."""
     g, t = hit.shape
-    w = min(t, _HITS_CHUNK)
+    w = -(-t // -(-t // _HITS_CHUNK))  # chunks as even as they come: little padding
     pad = -t % w
     if pad:
         hit = jnp.pad(hit, ((0, 0), (0, pad)))
