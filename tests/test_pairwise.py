@@ -433,6 +433,28 @@ def test_integer_kernel_argmin_max(rng):
         np.testing.assert_array_equal(out, np_reduce(r, d), err_msg=r)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_kmin_ties(rng, dtype):
+    """k-min of a half-precision kernel over the default tiles: small whole numbers (exact in
+    that dtype however XLA rounds the steps, and tied everywhere, also at a row's k-th best)
+    and NaN, which sorts last; against a stable sort of the same values."""
+    x = jnp.asarray(rng.integers(0, 8, (150, 2)), dtype)
+    y = jnp.asarray(rng.integers(0, 8, (2000, 2)), dtype)
+    y = y.at[::97, 0].set(jnp.nan)
+
+    def ker(a, b):
+        return jnp.sum((a - b) ** 2)
+
+    vals, idx = jax.jit(lambda x, y: foldax.pairwise_reduce(ker, x, y, reduction="kmin", k=7))(x, y)
+    d = np.asarray(jax.vmap(lambda a: jax.vmap(lambda b: ker(a, b))(y))(x), np.float32)
+    nan = np.isnan(d)
+    cols = np.broadcast_to(np.arange(d.shape[1]), d.shape)
+    ref = np.lexsort((cols, np.where(nan, 0, d), nan), axis=1)[:, :7]  # NaN last, then index
+    assert vals.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(idx), ref)
+    np.testing.assert_array_equal(np.asarray(vals, np.float32), np.take_along_axis(d, ref, 1))
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("m, n, block", [(M, N, (8, 16)), (200, 3000, None)])
 def test_integer_kernel_kmin(rng, m, n, block):
