@@ -377,7 +377,7 @@ class KMin(_ValuesAndIndices, Monoid):
 
     needs_index = True
     #: sizes of the block the few rows with several entries to insert are gathered into
-    CAPACITIES = (8, 16, 32, 64, 128, 256)
+    CAPACITIES = (16, 64, 256)
     #: the whole tile is drained while more than 1 / SPARSE of its rows need it
     SPARSE = 4
     #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`: narrower than
