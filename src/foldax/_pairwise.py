@@ -265,10 +265,10 @@ def _next_entry(v, mask, index):
 
         return after
 
-    t = v.shape[1]
+    nan, t = v != v, v.shape[1]
+    col = _columns(v.shape)
 
     def after(lo, lo_i):
-        nan, col = v != v, _columns(v.shape)
         lv = _from_key(lo, v.dtype)[:, None]
         later = j > lo_i[:, None]
         # numbers after lo (a NaN or the lowest key at lo compare as the data need: nothing
@@ -365,13 +365,13 @@ class KMin(_ValuesAndIndices, Monoid):
 
     NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
     every real entry. A tile is never sorted. :meth:`combine` makes one float32 pass over a
-    tile: per row, how many entries may enter (at or below its k-th best, or any while it is
-    not full) and, where there is one, which (:func:`_hits`). Once a row has seen a few tiles
+    tile: per row, how many entries may beat its k-th best (:func:`_candidates`; any while it
+    is not full) and, where there is one, which (:func:`_hits`). Once a row has seen a few tiles
     that is most rows, and they take it, vectorised. Rows with several insert them one pass
     each: over the whole tile while more than 1 / ``SPARSE`` of its rows need it (a state's
     first tiles) in value order, stopping at the first that does not beat the k-th best; then
     the few left gathered into one small block, in column order where they have at most
-    eight (:func:`_insert_columns`). Entries are compared by exact integer sort keys
+    ``FEW`` (:func:`_insert_columns`). Entries are compared by exact integer sort keys
     (:func:`_sort_key`) and index.
     """
 
@@ -380,9 +380,13 @@ class KMin(_ValuesAndIndices, Monoid):
     CAPACITIES = (16, 64, 256)
     #: the whole tile is drained while more than 1 / SPARSE of its rows need it
     SPARSE = 4
+    #: most candidates a row inserts in column order (:func:`_insert_columns`); beyond, value
+    #: order stops sooner
+    FEW = 8
     #: Preferred dense block, as :attr:`foldax._monoid._Extremum.dense_tile`: narrower than
     #: min's, as the rows with several entries to insert (slow, one pass each) are fewer in a
-    #: narrow tile; at 20,000 x 20,000, (4096, 256) took 0.27 s, (1024, 1024) 0.46 s.
+    #: narrow tile; at 20,000 x 20,000 on 2 cores, (2048, 256) blocks (this tile within the
+    #: default budget) took 0.22 s, (1024, 1024) 0.32 s.
     dense_tile = (4096, 256)
 
     def __init__(self, k):
@@ -473,10 +477,6 @@ class KMin(_ValuesAndIndices, Monoid):
         # shard_map, which its dead-code pass does not expect (a failed assertion)
         branch = jnp.where(n > 0, 1 + sum((n > g).astype(jnp.int32) for g in caps[:-1]), 0)
         return lax.switch(branch, [lambda *st: st] + [gathered(g) for g in caps], keys, idx)
-
-    #: most candidates a row inserts in column order (:func:`_insert_columns`); beyond, value
-    #: order stops sooner
-    FEW = 8
 
     def _drain(self, v, mask, index, keys, idx, lo, need, left, *, enough):
         """Insert, in order, the entries of rows ``v`` ``(g, T)`` past ``lo`` that beat their
