@@ -416,7 +416,7 @@ class KMin(_ValuesAndIndices, Monoid):
 
     def _merge_tile(self, st, tile):
         """Fold a tile into the state. One float32 pass over the tile counts, per row, the
-        entries that beat its k-th best (every valid entry while the row is not full) and,
+        entries that may beat its k-th best (:func:`_candidates`) and,
         where there is exactly one, finds its column (:func:`_hits`): those rows -- most rows
         once a few tiles are in -- take it, vectorised. Rows with more take theirs one pass
         each (:meth:`_drain_tile`)."""
