@@ -170,3 +170,174 @@ def test_cli_audit_plot(tmp_path):
         check=True,
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources: the user's line, an argument, a constant; never foldax's own audit code
+
+CLOSED_OVER = jnp.ones((512, 512))
+
+
+def matmul_closed_over(x):
+    return x @ CLOSED_OVER  # CLOSED-OVER LINE
+
+
+CLOSED_OVER_LINE = next(
+    i + 1
+    for i, line in enumerate(Path(__file__).read_text().splitlines())
+    if line.rstrip().endswith("# CLOSED-OVER LINE")
+)
+
+
+def test_audit_names_the_users_closed_over_array_not_foldax():
+    """A closed-over array is a constant of the function: XLA keeps it as a buffer, which the
+    HLO metadata places where the function was traced (inside foldax.memory.audit)."""
+    rep = memory.audit(matmul_closed_over, jax.ShapeDtypeStruct((512, 512), jnp.float32))
+    assert all("foldax/_audit.py" not in b.source for b in rep.buffers), rep
+    (const,) = [b for b in rep.buffers if b.source.startswith("constant")]
+    assert const.shape == (512, 512) and const.nbytes == 512 * 512 * 4, rep
+    assert const.source.endswith(f"test_audit.py:{CLOSED_OVER_LINE})"), rep
+    assert const.source.startswith("constant (used at "), rep
+    assert const.primitive == ""
+    (arg,) = [b for b in rep.buffers if b.kind == "argument"]
+    assert (arg.source, arg.primitive) == ("argument x", ""), rep
+    (out,) = [b for b in rep.buffers if b.kind == "output"]
+    assert (
+        out.source.endswith(f"test_audit.py:{CLOSED_OVER_LINE}") and out.primitive == "dot_general"
+    )
+    assert "foldax/_audit.py" not in str(rep) and f"test_audit.py:{CLOSED_OVER_LINE})" in str(rep)
+
+
+def test_audit_closed_over_array_in_a_gradient_and_a_non_splat_constant(rng):
+    table = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
+
+    def loss(x):
+        return jnp.sum(jnp.sin(x @ table))  # TABLE LINE
+
+    line = next(
+        i + 1
+        for i, text in enumerate(Path(__file__).read_text().splitlines())
+        if text.rstrip().endswith("# TABLE LINE")
+    )
+    rep = memory.audit(jax.grad(loss), jax.ShapeDtypeStruct((256, 256), jnp.float32))
+    assert all("foldax/_audit.py" not in b.source for b in rep.buffers), rep
+    (const,) = [b for b in rep.buffers if b.source.startswith("constant")]
+    # XLA keeps a non-splat constant in a constant allocation, not in temp memory
+    assert const.kind == "constant" and const.shape == (256, 256), rep
+    assert const.source.endswith(f"test_audit.py:{line})"), rep
+    assert rep.totals.temp_bytes < 2 * 256 * 256 * 4
+
+
+def test_audit_tuple_outputs_and_loop_states_have_their_element_shapes():
+    def two(x):
+        return jnp.sin(x), jnp.cos(x)
+
+    rep = memory.audit(two, jax.ShapeDtypeStruct((1000,), jnp.float32))
+    outs = sorted(b.primitive for b in rep.buffers if b.kind == "output" and b.shape == (1000,))
+    assert outs == ["cos", "sin"], rep
+
+    make = _example(EXAMPLES / "audit_s4.py", "with_foldax")
+    rep = memory.audit(*_call(make, 512), top=20)
+    states = [b for b in rep.buffers if b.source == "loop state"]
+    assert states and all(b.dtype != "tuple" for b in states if b.nbytes > 1024), rep
+    # the cotangents of v and w accumulated in the fold's loop share the outputs' buffers
+    assert ("output", (256, 512)) in {(b.kind, b.shape) for b in states}, rep
+
+
+def _call(make, n):
+    fn, args = make(n)
+    return (fn, *args)
+
+
+# ----------------------------------------------------------------------------------------------
+# foldax.memory.scaling's sizes
+
+
+def _never(n):
+    raise AssertionError("sizes are checked before anything is compiled")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "error", "match"),
+    [
+        ([64, 64], ValueError, r"sizes must be distinct .*64 is repeated.*two distinct sizes"),
+        ([64, 64, 128], ValueError, r"sizes must be distinct .*64 is repeated"),
+        ([8], ValueError, r"sizes needs at least two sizes"),
+        ([], ValueError, r"sizes needs at least two sizes"),
+        ([0, 8], ValueError, r"sizes must be distinct positive numbers: 0 is not positive"),
+        ([-4, 8], ValueError, r"sizes must be distinct positive numbers: -4 is not positive"),
+        ([64.0, 128], TypeError, r"sizes must be whole numbers \(int\).*got 64\.0"),
+        ([True, 8], TypeError, r"sizes must be whole numbers"),
+        (["64", 128], TypeError, r"sizes must be whole numbers"),
+        (64, TypeError, r"sizes must be a sequence of whole numbers"),
+        ("64,128", TypeError, r"sizes must be a sequence of whole numbers"),
+    ],
+)
+def test_scaling_refuses_bad_sizes(sizes, error, match):
+    with pytest.raises(error, match=r"^foldax\.memory\.scaling: " + match) as info:
+        memory.scaling(_never, sizes)
+    assert "e.g. sizes=[" in str(info.value)
+
+
+def test_scaling_sorts_sizes_and_takes_numpy_integers():
+    import numpy as np
+
+    def make(n):
+        return (
+            lambda x: jnp.sort(jnp.outer(x, x), 0).sum(),
+            (jax.ShapeDtypeStruct((n,), jnp.float32),),
+        )
+
+    rep = memory.scaling(make, [np.int64(128), 32, 64])
+    assert rep.sizes == (32, 64, 128) and all(type(s) is int for s in rep.sizes)
+    assert rep.temp_bytes[0] < rep.temp_bytes[1] < rep.temp_bytes[2]
+    assert round(rep.exponent) == 2 and rep.fold_steps == (None, None, None) and not rep.note
+
+
+def test_the_command_line_and_scaling_share_one_check_of_sizes():
+    from foldax import _audit, _cli
+
+    assert _cli.check_sizes is _audit.check_sizes
+    with pytest.raises(_cli.UsageError, match=r"^--sizes must be distinct .*64 is repeated"):
+        _cli._parse_sizes("64,64")
+    assert _cli._parse_sizes("512, 64,256") == [64, 256, 512]
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizes too small for a fold to take several steps
+
+
+def _example(path, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def test_scaling_says_when_the_folds_ran_in_one_step():
+    """At N = 64, 256, 512 the segment workload's folds hold every row in one step: temp memory
+    grows with N (exponent ~1.6), which tells nothing about whether it stays flat."""
+    make = _example(EXAMPLES / "audit_segment.py", "with_foldax")
+    rep = memory.scaling(make, [64, 256, 512])
+    assert rep.fold_steps == (1, 1, 1), rep
+    assert rep.exponent > 0.5, rep
+    assert "ran in one step" in rep.note and "too small to tell" in rep.note, rep
+    assert "note: at N=64, 256, 512 foldax's folds ran in one step" in str(rep)
+
+
+def test_scaling_of_a_fold_with_several_steps_has_no_note():
+    def make(n):
+        def f(x):
+            return foldax.segment_logsumexp(x, sizes=[n // 3, n - n // 3], chunk_size=1024)
+
+        return f, (jax.ShapeDtypeStruct((n,), jnp.float32),)
+
+    rep = memory.scaling(make, [8192, 16384, 32768])
+    assert all(s is not None and s >= 8 for s in rep.fold_steps), rep
+    assert abs(rep.exponent) < 0.1 and rep.note == "", rep
+    assert "note:" not in str(rep)

@@ -169,3 +169,85 @@ def test_bench_writes_only_where_told(tmp_path, monkeypatch, capsys):
     assert "does not exist: run foldax bench --out" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
     assert _cli.main(["bench", "--out", str(tmp_path / "file")]) == 2
+
+
+def test_audit_default_sizes_show_the_segment_fold_flat(capsys):
+    """The default --sizes are large enough for the segment workload's folds to take several
+    steps: temp memory is flat (at 64, 256, 512 it grew with exponent 1.6, all in one step)."""
+    import re
+
+    assert _cli.main(["audit", "examples/audit_segment.py:with_foldax", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    sizes = [int(s) for s in _cli.DEFAULT_SIZES.split(",")]
+    assert f"N={sizes[0]}:" in out and f"N={sizes[-1]}:" in out, out
+    exponent = float(re.search(r"fitted exponent (-?[0-9.]+)", out).group(1))
+    assert abs(exponent) < 0.05, out
+    assert "no buffer live at the peak grows with N." in out and "note:" not in out, out
+
+
+def test_audit_at_one_step_sizes_says_they_are_too_small(capsys):
+    argv = ["audit", "examples/audit_segment.py:with_foldax", "--sizes", "64,256,512", "--top", "1"]
+    assert _cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "note: at N=64, 256, 512 foldax's folds ran in one step" in out, out
+    assert "too small to tell whether temp memory stays flat" in out, out
+
+
+def test_audit_compiles_each_size_once(targets, monkeypatch, capsys):
+    from foldax import _audit
+
+    calls = []
+    real = _audit.audit
+    monkeypatch.setattr(_audit, "audit", lambda fn, *a, **k: calls.append(1) or real(fn, *a, **k))
+    assert _cli.main(["audit", f"{targets}/targets.py:good", "--sizes", "8,16,32"]) == 0
+    assert len(calls) == 3
+    assert "f32[32]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["T/targets.py:good", "--sizes", "64,64"], "--sizes must be distinct positive numbers"),
+        (["T/targets.py:good", "--sizes", "64,64"], "64 is repeated; give each size once"),
+        (["T/targets.py:good", "--sizes=-8,8"], "-8 is not positive"),
+        (["T/targets.py:good", "--sizes", ""], "--sizes needs at least two sizes"),
+        (["T/targets.py:good", "--sizes", "8,1.5"], "--sizes must be comma-separated whole"),
+        (["T/targets.py:good", "--top", "0"], "--top must be a positive number of buffers"),
+        (["T/targets.py:good", "--top", "x"], "argument --top: invalid int value: 'x'"),
+        (["T/targets.py:good", "--plot", "T/no/such/dir/x.png"], "--plot T/no/such/dir/x.png"),
+        (["T/targets.py:good", "--bogus"], "unrecognized arguments: --bogus"),
+        ([], "the following arguments are required: target"),
+    ],
+)
+def test_audit_bad_options_are_one_line(targets, argv, message, capsys):
+    argv = [a.replace("T/", f"{targets}/") for a in argv]
+    try:
+        rc = _cli.main(["audit", *argv])
+    except SystemExit as e:  # argparse's own checks
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    # (an unknown option is the top-level parser's: "foldax: unrecognized arguments")
+    assert err.startswith(("foldax audit: ", "foldax: ")), err
+    assert message.replace("T/", f"{targets}/") in err, err
+
+
+def test_device_peak_is_not_run_where_it_cannot_fit(monkeypatch, capsys):
+    import jax
+
+    class FakeGPU:
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 1000}
+
+        def __str__(self):
+            return "gpu:0"
+
+    monkeypatch.setattr(jax, "devices", lambda: [FakeGPU()])
+    ran = []
+    _cli._device_peak(lambda x: ran.append(x), (jax.ShapeDtypeStruct((8,), "float32"),), 10**6)
+    assert not ran
+    out = capsys.readouterr().out.strip()
+    assert out == "device gpu:0: not run (XLA's estimate 1.0 MB exceeds its 1.0 KB)", out

@@ -178,3 +178,58 @@ def test_seed_workload_memory_flat_at_10x(seed_memory):
         seed_memory[10, "global-max segment_sum"][0]
         > 9 * seed_memory[1, "global-max segment_sum"][0]
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# foldax.memory_budget: the sizes it reads
+
+
+@pytest.mark.parametrize(
+    ("value", "nbytes"),
+    [
+        ("1TB", 10**12),
+        ("1TiB", 2**40),
+        ("2 tb", 2 * 10**12),
+        (np.int64(10**6), 10**6),
+        (np.uint32(4096), 4096),
+        ("1.5 GiB", 3 * 2**29),
+        ("64 mb", 64 * 10**6),
+        ("64mB", 64 * 10**6),
+        ("512KiB", 512 * 1024),
+        (" 8000000 ", 8_000_000),
+        (10**13, 10**13),
+    ],
+)
+def test_memory_budget_reads_units_and_numpy_integers(value, nbytes):
+    from foldax._engine import current_budget
+
+    with foldax.memory_budget(value) as b:
+        assert b == current_budget() == nbytes
+        assert type(b) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (1.5e6, TypeError, r"got 1500000\.0 \(write int\(\.\.\.\) for a whole number of bytes\)"),
+        (np.float64(2e6), TypeError, r"number of bytes \(int\).*write int"),
+        (True, TypeError, r"got True"),
+        (np.bool_(True), TypeError, r"number of bytes \(int\)"),
+        (None, TypeError, r"got NoneType"),
+        (-5, ValueError, r"must be positive, got -5"),
+        (np.int64(0), ValueError, r"must be positive"),
+        ("-5MB", ValueError, r"must be positive, got '-5MB'"),
+        ("0 TiB", ValueError, r"must be positive"),
+        ("12 parsecs", ValueError, r"units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"),
+        ("1PB", ValueError, r"cannot read '1PB'"),
+    ],
+)
+def test_memory_budget_refuses_with_a_clear_error(value, error, match):
+    with pytest.raises(error, match=match) as info, foldax.memory_budget(value):
+        pass
+    assert str(info.value).startswith("foldax.memory_budget: ")
+
+
+def test_format_bytes_terabytes():
+    assert format_bytes(2_199_000_000_000) == "2.2 TB"
+    assert format_bytes(999 * 10**9) == "999.0 GB"

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from ._audit import check_sizes
 from .memory import format_bytes
 
 
@@ -133,23 +134,29 @@ MAKE_CONTRACT = (
 )
 
 
+#: ``foldax audit``'s default sizes: large enough that a foldax fold takes several steps at each
+#: of them (on CPU a step holds at most 2^18 rows of a segment reduction per batch element, and a
+#: pairwise one's tiles stop growing well below 2^18 rows; see foldax._engine._budget), so that
+#: the fit shows whether memory stays flat rather than how a single step grows. Only compiled.
+DEFAULT_SIZES = "262144,524288,1048576"
+
+
 def _parse_sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated whole numbers, checked as :func:`foldax.memory.scaling`
+    checks its ``sizes`` (at least two, distinct, positive), sorted."""
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise UsageError(
-            f"--sizes must be comma-separated whole numbers, e.g. --sizes 64,256,512; got {text!r}"
-        ) from None
-    if len(sizes) < 2:
-        raise UsageError(
-            f"--sizes needs at least two sizes to fit how memory grows, e.g. --sizes 64,256,512; "
+            f"--sizes must be comma-separated whole numbers, e.g. --sizes {DEFAULT_SIZES}; "
             f"got {text!r}"
+        ) from None
+    try:
+        return list(
+            check_sizes(sizes, name="--sizes", example=f"--sizes {DEFAULT_SIZES}", got=repr(text))
         )
-    if min(sizes) <= 0 or len(set(sizes)) != len(sizes):
-        raise UsageError(
-            f"--sizes must be distinct positive numbers, e.g. 64,256,512; got {text!r}"
-        )
-    return sorted(sizes)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _load_target(target: str):
@@ -216,42 +223,68 @@ def _one_line(e: BaseException) -> str:
 
 def audit_cmd(args) -> int:
     """``foldax audit path.py:function``: the function takes a size and returns ``(fn, args)``."""
-    from . import memory
+    import dataclasses
+    import os
+
+    from . import _audit
 
     sizes = _parse_sizes(args.sizes)
-    make = _checked_make(_load_target(args.target), args.target)
-    fn, fargs = make(sizes[-1])
+    if args.top < 1:
+        raise UsageError(f"--top must be a positive number of buffers, got {args.top}")
+    if args.plot and os.path.dirname(args.plot) and not os.path.isdir(os.path.dirname(args.plot)):
+        raise UsageError(f"--plot {args.plot}: no such folder {os.path.dirname(args.plot)!r}")
+    checked = _checked_make(_load_target(args.target), args.target)
+    last = {}
+
+    def make(size):
+        last["fn"], last["args"] = out = checked(size)
+        return out
+
     try:
-        audit = memory.audit(fn, *fargs, top=args.top)
-        rep = memory.scaling(make, sizes, name=args.name)
+        rep, audits = _audit._scaling(
+            make, sizes, name=args.name, top=max(50, args.top), threshold=0.1, min_fraction=0.01
+        )
     except UsageError:
         raise
     except Exception as e:
         raise UsageError(
             f"compiling fn(*args) from {args.target}(size) failed: {_one_line(e)}"
         ) from None
+    audit = dataclasses.replace(audits[-1], buffers=audits[-1].buffers[: args.top])
     print(audit)
     print()
     print(rep)
-    _device_peak(fn, fargs)
+    _device_peak(last["fn"], last["args"], audit.totals.peak_bytes)
     if args.plot:
         _plot(rep, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
 
-def _device_peak(fn, fargs) -> None:
-    """On a GPU, run once and report the device's measured peak beside XLA's estimate."""
+def _device_peak(fn, fargs, estimate) -> None:
+    """On a GPU, run once and report the device's measured peak beside XLA's estimate (not when
+    the estimate exceeds the device's memory)."""
     import jax
 
     dev = jax.devices()[0]
     if dev.platform != "gpu":
         return
-    concrete = [
-        jax.numpy.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a
-        for a in fargs
-    ]
-    jax.block_until_ready(jax.jit(fn)(*concrete))
+    limit = (dev.memory_stats() or {}).get("bytes_limit")
+    if limit is not None and estimate > limit:
+        print(
+            f"device {dev}: not run (XLA's estimate {format_bytes(estimate)} exceeds its "
+            f"{format_bytes(limit)})"
+        )
+        return
+    try:
+        concrete = [
+            jax.numpy.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a
+            for a in fargs
+        ]
+        jax.block_until_ready(jax.jit(fn)(*concrete))
+    except Exception as e:
+        print(f"device {dev}: running fn(*args) failed, no measured peak: {_one_line(e)}")
+        return
     stats = dev.memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         print(f"device {dev}: measured peak {format_bytes(stats['peak_bytes_in_use'])}")
@@ -275,7 +308,10 @@ def _plot(rep, out) -> None:
     ax.set_ylabel("bytes")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    try:
+        fig.savefig(out, dpi=120)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot write --plot {out}: {_one_line(e)}") from None
 
 
 #: Measured on 2 CPU cores (see the README); printed next to the commands that take minutes.
@@ -290,9 +326,16 @@ def _workload(name: str) -> str:
     return name
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake in the command line printed as one line (exit status 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(prog="foldax", description=__doc__, formatter_class=fmt)
+    parser = _Parser(prog="foldax", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "demo",
@@ -325,7 +368,12 @@ def main(argv=None) -> int:
         formatter_class=fmt,
     )
     a.add_argument("target", help="path/to/file.py:function, with function(size) -> (fn, args)")
-    a.add_argument("--sizes", default="64,256,512", help="at least two comma-separated sizes")
+    a.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help="at least two distinct comma-separated sizes; the defaults are large enough for "
+        "foldax's folds to take several steps (fn is compiled at each, not run)",
+    )
     a.add_argument("--name", default="N", help="name of the size, for printing")
     a.add_argument("--top", type=int, default=10, help="buffers listed at the peak")
     a.add_argument("--plot", help="write memory against size to this PNG (needs matplotlib)")

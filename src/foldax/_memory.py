@@ -13,7 +13,7 @@ import jax
 def format_bytes(n: int) -> str:
     """``1536 -> '1.5 KB'``, in decimal units (KB = 1000 B)."""
     n = int(n)
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"

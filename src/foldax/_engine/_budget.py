@@ -17,6 +17,8 @@ A step of the fold holds one chunk of rows (or one tile of pairs) and everything
 from __future__ import annotations
 
 import contextlib
+import fractions
+import numbers
 import re
 import threading
 
@@ -34,33 +36,37 @@ _UNITS = {
     "kb": 10**3,
     "mb": 10**6,
     "gb": 10**9,
+    "tb": 10**12,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
+    "tib": 2**40,
 }
+_UNIT_NAMES = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; any case"
 
 
 def parse_bytes(value, name="foldax.memory_budget") -> int:
-    """An int, or a string like ``"64MB"`` / ``"1.5 GiB"``, as a positive number of bytes."""
-    if isinstance(value, bool):
+    """An int (also a NumPy integer), or a string like ``"64MB"`` / ``"1.5 GiB"`` / ``"1TiB"``,
+    as a positive number of bytes (a fractional number of bytes is rounded down)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | str):
+        number = isinstance(value, numbers.Number) or hasattr(value, "dtype")
+        what = repr(value) if number and len(repr(value)) <= 40 else type(value).__name__
+        real = isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+        hint = " (write int(...) for a whole number of bytes)" if real else ""
         raise TypeError(
-            f"{name}: give a number of bytes (int) or a string like '64MB', got {value!r}."
+            f"{name}: give a number of bytes (int) or a string like '64MB', got {what}{hint}."
         )
-    if isinstance(value, int):
-        nbytes = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
         unit = m and m.group(2).lower()
         if not m or unit not in _UNITS:
             raise ValueError(
                 f"{name}: cannot read {value!r} as a size; write e.g. 8000000, '64MB', '512KiB' "
-                f"or '1GB' (units: B, KB, MB, GB, KiB, MiB, GiB)."
+                f"or '1GB' (units: {_UNIT_NAMES})."
             )
-        nbytes = int(float(m.group(1)) * _UNITS[unit])
+        nbytes = int(fractions.Fraction(m.group(1)) * _UNITS[unit])
     else:
-        raise TypeError(
-            f"{name}: give a number of bytes (int) or a string like '64MB', got {type(value).__name__}."
-        )
+        nbytes = int(value)
     if nbytes <= 0:
         raise ValueError(f"{name}: the budget must be positive, got {value!r}.")
     return nbytes
@@ -82,7 +88,9 @@ def memory_budget(nbytes):
     before with the same shapes) keeps the budget it was traced with.
 
     Args:
-      nbytes: a positive int, or a string such as ``"64MB"``, ``"512KiB"``, ``"1GB"``.
+      nbytes: a positive int (or NumPy integer), or a string such as ``"64MB"``, ``"512KiB"``,
+        ``"1.5 GiB"``, ``"1TB"`` (units B, KB, MB, GB, TB in powers of 1000, KiB, MiB, GiB, TiB in
+        powers of 1024; any case).
 
     Example:
       >>> import jax, jax.numpy as jnp, foldax
