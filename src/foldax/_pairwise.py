@@ -158,7 +158,19 @@ class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):
         return (jnp.sum(jnp.where(hit, dv, jnp.zeros((), dv.dtype)), axis=1), None)
 
 
+#: The index of an empty slot: a k-min slot not yet filled, the argmin / argmax of no column.
+#: Every real column index is below it, so it -- not the slot's value -- tells an empty slot
+#: from a real entry: an empty slot's value (NaN, the dtype's largest integer, the extreme's
+#: identity) may well be a real one too (an integer distance of ``iinfo.max``, a ``+inf``).
 _NO_INDEX = np.iinfo(np.int32).max
+
+
+def _no_entry(take, key, idx):
+    """k-min's entries ``(key, idx)`` where ``take``, elsewhere the entry that displaces
+    nothing: the largest key *and* :data:`_NO_INDEX`, at or after every entry in the order of
+    :func:`_lex_less` (an empty slot's included), so :func:`_insert` leaves those rows as they
+    are. The largest key alone is a real value's for 32- and 64-bit integers (``iinfo.max``)."""
+    return jnp.where(take, key, np.iinfo(key.dtype).max), jnp.where(take, idx, _NO_INDEX)
 
 
 def _columns(shape):
@@ -205,8 +217,7 @@ def _insert_at(keys, idx, v, index, take, col):
     index ``index[col]``) where ``take``; rows not taking keep their k best."""
     col = jnp.where(take, col, 0)
     val = jnp.take_along_axis(v, col[:, None], axis=1)[:, 0]
-    key = jnp.where(take, _sort_key(val), np.iinfo(keys.dtype).max)
-    return _insert(keys, idx, key, jnp.take(index, col))
+    return _insert(keys, idx, *_no_entry(take, _sort_key(val), jnp.take(index, col)))
 
 
 def _key_dtype(dtype):
@@ -363,8 +374,11 @@ class _Tile:
 class KMin(_ValuesAndIndices, Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
-    NaN sorts last (like ``np.sort``); the identity is ``(NaN, int32 max)``, which loses to
-    every real entry. A tile is never sorted. :meth:`combine` makes one float32 pass over a
+    NaN sorts last (like ``np.sort``). An empty slot (the identity) is ``(NaN, int32 max)``, or
+    ``(iinfo(dtype).max, int32 max)`` for integers: told apart by its index
+    (:data:`_NO_INDEX`), never its value, which may be a real one (an integer distance at the
+    dtype's max); it sorts after every real entry, and a row with fewer than ``k`` pairs (a
+    mask) returns its empty slots as they are. A tile is never sorted. :meth:`combine` makes one float32 pass over a
     tile: per row, how many entries may beat its k-th best (:func:`_candidates`; any while it
     is not full) and, where there is one, which (:func:`_hits`). Once a row has seen a few tiles
     that is most rows, and they take it, vectorised. Rows with several insert them one pass
@@ -395,7 +409,8 @@ class KMin(_ValuesAndIndices, Monoid):
 
     @staticmethod
     def _fill(dtype):
-        """The identity's value: NaN (sorts last), or the largest integer."""
+        """An empty slot's value: NaN (sorts last), or the largest integer (a real value too:
+        empty slots are told by their index)."""
         return np.nan if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
 
     def init(self, num, fshape, dtype):
@@ -421,12 +436,12 @@ class KMin(_ValuesAndIndices, Monoid):
         once a few tiles are in -- take it, vectorised. Rows with more take theirs one pass
         each (:meth:`_drain_tile`)."""
         v, mask, index = tile.v, tile.mask, tile.index
-        kth = st[0][:, -1]
-        if jnp.issubdtype(v.dtype, jnp.floating):
-            full = ~jnp.isnan(kth)
-        else:
-            full = kth < jnp.iinfo(v.dtype).max
-        bound = (kth, st[1][:, -1], full)
+        kth, kth_i = st[0][:, -1], st[1][:, -1]
+        # a row is full once its k-th slot holds an entry: told by its index, as any value
+        # (the integer fill too) may be a real one; a NaN k-th best (an empty slot's value too)
+        # loses to every number, so any entry may displace it
+        full = ~jnp.isnan(kth) if jnp.issubdtype(v.dtype, jnp.floating) else kth_i != _NO_INDEX
+        bound = (kth, kth_i, full)
         c, colsum = _hits(_candidates(v, mask, index, bound))
         keys, idx = _insert_at(_sort_key(st[0]), st[1], v, index, c == 1, colsum)
         keys, idx = self._drain_tile(keys, idx, tile, bound, c, colsum)
@@ -492,7 +507,7 @@ class KMin(_ValuesAndIndices, Monoid):
             keys, idx, lo_key, lo_i, need, left, n = c
             m, mi = after(lo_key, lo_i)
             need = need & _lex_less(m, mi, keys[:, -1], idx[:, -1])
-            keys, idx = _insert(keys, idx, jnp.where(need, m, np.iinfo(m.dtype).max), mi)
+            keys, idx = _insert(keys, idx, *_no_entry(need, m, mi))
             return (keys, idx, m, mi, need & (left > 1), left - 1, n + 1)
 
         keys, idx, *lo, need, left, _ = lax.while_loop(cond, body, (keys, idx, *lo, need, left, 0))
@@ -719,39 +734,62 @@ REDUCTIONS = (
 )
 
 
+#: hints for reduction names that are not foldax's, but whose meaning is near one of them
+_REDUCTION_HINTS = {
+    "kmax": " (for the k largest, reduce the negated kernel with reduction='kmin')",
+    "topk": " (for the k smallest, reduction='kmin'; the k largest: of the negated kernel)",
+}
+
+
 def _monoid_for(name, reduction, k, n):
-    if reduction == "kmin":
-        if k is None:
-            raise ValueError(f"{name}: reduction='kmin' needs k (a static int), got None.")
-        try:
-            k = operator.index(k)
-        except TypeError:
-            raise TypeError(
-                f"{name}: k must be a static Python int, got {type(k).__name__}."
-            ) from None
-        if not 0 < k <= n:
-            raise ValueError(f"{name}: k must satisfy 0 < k <= N = {n} (rows of y), got k = {k}.")
-        return KMin(k)
-    if k is not None:
-        raise ValueError(
-            f"{name}: k is only used with reduction='kmin', got reduction={reduction!r}."
+    """The monoid of ``reduction`` (``k``: its static argument, kmin's only), after checking
+    them in that order: the name first, so that a wrong one is named as such."""
+    known = ", ".join(repr(r) for r in REDUCTIONS)
+    if not isinstance(reduction, str):
+        raise TypeError(
+            f"{name}: reduction must be a string, got {type(reduction).__name__} "
+            f"{reduction!r:.40}; pass one of {known}."
         )
-    table = {
-        "sum": SUM,
-        "logsumexp": LOGSUMEXP,
-        "max": MAX,
-        "min": MIN,
-        "argmax": ArgExtremum(True),
-        "argmin": ArgExtremum(False),
-        "max_argmax": ExtremumWithIndex(True),
-        "min_argmin": ExtremumWithIndex(False),
-        "softmax": SoftmaxSum(),
-    }
-    if reduction not in table:
+    if reduction not in REDUCTIONS:
         raise ValueError(
-            f"{name}: unknown reduction {reduction!r}; choose one of {', '.join(REDUCTIONS)}."
+            f"{name}: reduction={reduction!r:.40} is not a reduction foldax knows"
+            f"{_REDUCTION_HINTS.get(reduction, '')}; choose one of {known}."
         )
-    return table[reduction]
+    if reduction != "kmin":
+        if k is not None:
+            raise ValueError(
+                f"{name}: k={k!r:.40} is only used with reduction='kmin', got "
+                f"reduction={reduction!r}; drop k, or pass reduction='kmin'."
+            )
+        return {
+            "sum": SUM,
+            "logsumexp": LOGSUMEXP,
+            "max": MAX,
+            "min": MIN,
+            "argmax": ArgExtremum(True),
+            "argmin": ArgExtremum(False),
+            "max_argmax": ExtremumWithIndex(True),
+            "min_argmin": ExtremumWithIndex(False),
+            "softmax": SoftmaxSum(),
+        }[reduction]
+    fix = f"pass an int with 0 < k <= N = {n} (the rows of y)"
+    if k is None:
+        raise ValueError(f"{name}: k is missing, and reduction='kmin' needs it; {fix}.")
+    try:
+        if isinstance(k, bool | np.bool_):
+            raise TypeError
+        k = operator.index(k)
+    except TypeError:
+        raise TypeError(
+            f"{name}: k must be a static Python int, got {type(k).__name__} {k!r:.40}; {fix}."
+        ) from None
+    if not 0 < k <= n:
+        fix = f"pass k <= {n}, or more rows of y" if n else "pass y with at least k rows"
+        fix = "pass k >= 1" if k <= 0 else fix
+        raise ValueError(
+            f"{name}: k must satisfy 0 < k <= N = {n} (the rows of y), got k = {k}; {fix}."
+        )
+    return KMin(k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1016,8 +1054,6 @@ def pairwise_reduce(
     if not callable(kernel):
         raise TypeError(f"{name}: kernel must be callable, got {type(kernel).__name__}.")
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
-    if not isinstance(reduction, str):
-        raise TypeError(f"{name}: reduction must be a string, got {type(reduction).__name__}.")
     monoid = _monoid_for(name, reduction, k, n)
     aval = _kernel_aval(name, kernel, x, y)
     if reduction == "logsumexp" and _is_pair(aval):

@@ -1,0 +1,398 @@
+"""Edge cases of pairwise_reduce's index reductions: values at the ends of the kernel's dtype.
+
+An empty slot (a k-min slot not yet filled, the argmin of no column) holds the dtype's largest
+integer or NaN, but is told apart by its index (int32 max), never by its value: a kernel may
+return that value for real (an "unreachable" integer distance at ``iinfo.max``). Every integer
+dtype (the 64-bit ones under x64), unsigned ones included, against stable NumPy sorts; and the
+checks of ``reduction`` / ``k``, the name first.
+
+The kernels here look their values up in a dense matrix ``d`` (closed over), so each pair's
+value is exactly the reference's: values are compared exactly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import foldax
+
+NAME = "foldax.pairwise_reduce"
+NO_INDEX = np.iinfo(np.int32).max
+INTS = (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)
+INTS_X64 = (np.int64, np.uint64)
+FLOATS = (np.float32, jnp.float16)
+
+
+def _mask(i, j):
+    """Rows 0 .. 4 keep every column, odd rows from 5 on every third, row 6 none."""
+    return ((i < 5) | (i % 2 == 0) | (j % 3 == 0)) & (i != 6)
+
+
+def _valid(m, n):
+    i, j = np.arange(m)[:, None], np.arange(n)[None]
+    return np.broadcast_to(((i < 5) | (i % 2 == 0) | (j % 3 == 0)) & (i != 6), (m, n))
+
+
+def _lookup(d):
+    """A kernel of row numbers ``x`` (M, 1) and ``y`` (N, 1) whose values are ``d`` (M, N)."""
+    return lambda a, b: d[a[0], b[0]]
+
+
+def _rows(m, n):
+    return jnp.arange(m, dtype=jnp.int32)[:, None], jnp.arange(n, dtype=jnp.int32)[:, None]
+
+
+def _fill(dtype):
+    return np.nan if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype).max
+
+
+def ref_kmin(d, k, valid=None):
+    """The k smallest of each row of ``d`` by (NaN last, value, index), like a stable argsort;
+    where a row has fewer than k valid entries, empty slots: (NaN or iinfo.max, int32 max)."""
+    valid = np.ones(d.shape, bool) if valid is None else valid
+    nan = np.isnan(d) if jnp.issubdtype(d.dtype, jnp.floating) else np.zeros(d.shape, bool)
+    j = np.broadcast_to(np.arange(d.shape[1]), d.shape)
+    key = np.where(nan, np.zeros((), d.dtype), d)
+    order = np.lexsort((j, key, nan, ~valid), axis=1)[:, :k]
+    empty = ~np.take_along_axis(valid, order, 1)
+    vals = np.where(empty, np.asarray(_fill(d.dtype), d.dtype), np.take_along_axis(d, order, 1))
+    return vals, np.where(empty, NO_INDEX, order)
+
+
+def ref_arg(d, is_max, valid=None):
+    """The first index of each row's extreme (NaN counts as the extreme) among the valid
+    entries, and its value; (the identity, int32 max) where there is none."""
+    valid = np.ones(d.shape, bool) if valid is None else valid
+    floating = jnp.issubdtype(d.dtype, jnp.floating)
+    nan = np.isnan(d) if floating else np.zeros(d.shape, bool)
+    rank = np.unique(np.where(nan, np.zeros((), d.dtype), d), return_inverse=True)[1]
+    rank = rank.reshape(d.shape)
+    j = np.broadcast_to(np.arange(d.shape[1]), d.shape)
+    first = np.lexsort((j, -rank if is_max else rank, ~nan, ~valid), axis=1)[:, 0]
+    ok = np.take_along_axis(valid, first[:, None], 1)[:, 0]
+    if floating:
+        none = -np.inf if is_max else np.inf
+    else:
+        none = np.iinfo(d.dtype).min if is_max else np.iinfo(d.dtype).max
+    vals = np.where(ok, np.take_along_axis(d, first[:, None], 1)[:, 0], np.asarray(none, d.dtype))
+    return vals, np.where(ok, first, NO_INDEX)
+
+
+def int_matrix(rng, dtype, m, n):
+    """Values over the whole range of ``dtype``, most at its max (some rows all at it), many at
+    its min and next to them, ties everywhere."""
+    info = np.iinfo(dtype)
+    d = rng.integers(info.min, info.max, (m, n), dtype=dtype, endpoint=True)
+    u = rng.random((m, n))
+    d = np.where(u < 0.5, info.max, d)
+    d = np.where((u >= 0.5) & (u < 0.6), info.min, d)
+    d = np.where((u >= 0.6) & (u < 0.65), info.max - 1, d)
+    d = np.where((u >= 0.65) & (u < 0.7), info.min + 1, d)
+    d[0] = info.max  # every pair "unreachable"
+    d[1] = info.min
+    d[2] = info.max
+    d[2, -1] = info.max - 1  # one entry below the max, in the last column
+    d[3] = rng.integers(0, 3, n).astype(dtype)  # small values, tied
+    return d.astype(dtype)
+
+
+def float_matrix(rng, dtype, m, n):
+    """Normal values, +inf, -inf, NaN, the largest finite value; rows all +inf, all NaN."""
+    d = rng.integers(-3, 4, (m, n)).astype(np.float64)
+    u = rng.random((m, n))
+    big = float(jnp.finfo(dtype).max)
+    d = np.where(u < 0.3, np.inf, d)
+    d = np.where((u >= 0.3) & (u < 0.4), np.nan, d)
+    d = np.where((u >= 0.4) & (u < 0.45), -np.inf, d)
+    d = np.where((u >= 0.45) & (u < 0.5), big, d)
+    d[0] = np.inf
+    d[1] = np.nan
+    d[2] = np.inf
+    d[2, -1] = np.nan
+    return np.array(jnp.asarray(d, dtype))
+
+
+def _kmin_cases(d, n):
+    """k-min of ``d`` (masked: rows 0 .. 4 keep every column) for k = 1 on the default tiles,
+    k = 3 on small ones, k = N (more than a masked row's columns) on tiles narrower than k; in
+    one jit."""
+    m = d.shape[0]
+    cases = ((1, None, True), (3, (8, 16), True), (n, (4, 3), True))
+    x, y = _rows(m, n)
+
+    def run(d):
+        return [
+            foldax.pairwise_reduce(
+                _lookup(d),
+                x,
+                y,
+                reduction="kmin",
+                k=c[0],
+                block_size=c[1],
+                mask=_mask if c[2] else None,
+            )
+            for c in cases
+        ]
+
+    return dict(zip(cases, jax.jit(run)(jnp.asarray(d)), strict=True))
+
+
+def _check_kmin(d, outs):
+    m, n = d.shape
+    for (k, block, masked), (vals, idx) in outs.items():
+        ref_vals, ref_idx = ref_kmin(d, k, _valid(m, n) if masked else None)
+        err = f"{d.dtype} k={k} block={block} mask={masked}"
+        assert vals.dtype == d.dtype and idx.dtype == jnp.int32, err
+        np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=err)
+        np.testing.assert_array_equal(
+            np.asarray(vals).astype(np.float64), ref_vals.astype(np.float64), err_msg=err
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# k-min
+
+
+def test_kmin_int32_max_everywhere():
+    """The report: every value int32 max (a common "unreachable" marker) took the value for an
+    empty slot, and every row came back with indices [0, 0, 1]."""
+    big = np.iinfo(np.int32).max
+
+    def ker(a, b):
+        return jnp.full((), big, jnp.int32) + 0 * (a[0] - b[0]).astype(jnp.int32)
+
+    x, y = jnp.arange(6.0)[:, None], jnp.arange(5.0)[:, None]
+    vals, idx = foldax.pairwise_reduce(ker, x, y, reduction="kmin", k=3)
+    np.testing.assert_array_equal(np.asarray(idx), np.tile([0, 1, 2], (6, 1)))
+    np.testing.assert_array_equal(np.asarray(vals), np.full((6, 3), big, np.int32))
+    # masked: rows keep the columns j >= i; too few for k = 3 from row 3 on, none in row 5
+    vals, idx = foldax.pairwise_reduce(ker, x, y, reduction="kmin", k=3, mask=lambda i, j: j >= i)
+    want = [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, NO_INDEX], [4, NO_INDEX, NO_INDEX]]
+    np.testing.assert_array_equal(np.asarray(idx), [*want, [NO_INDEX] * 3])
+    np.testing.assert_array_equal(np.asarray(vals), np.full((6, 3), big, np.int32))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_kmin_hamming(rng, dtype):
+    """The report: k-min of a Hamming distance (population_count of an unsigned xor) raised an
+    OverflowError for uint32 (min and argmin worked); against a stable argsort, ties by index."""
+    bits = 8 * np.dtype(dtype).itemsize
+    x = rng.integers(0, 2**bits, (40, 1), dtype=dtype)
+    y = rng.integers(0, 2**bits, (300, 1), dtype=dtype)
+    y[100:110] = y[:10]  # exact ties, in later tiles
+
+    def ham(a, b):
+        return jax.lax.population_count(a[0] ^ b[0])
+
+    outs = jax.jit(
+        lambda x, y: {
+            k: foldax.pairwise_reduce(ham, x, y, reduction="kmin", k=k, block_size=(8, 32))
+            for k in (1, 3, 20)
+        }
+    )(x, y)
+    d = np.unpackbits((x ^ y.T)[..., None].view(np.uint8), axis=-1).sum(-1).astype(dtype)
+    for k, (vals, idx) in outs.items():
+        ref_idx = np.argsort(d, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"k={k}")
+        np.testing.assert_array_equal(np.asarray(vals), np.take_along_axis(d, ref_idx, 1))
+        assert vals.dtype == dtype
+    # min / argmin of the same kernel (which worked) agree with k = 1
+    mins = foldax.pairwise_reduce(ham, x, y, reduction="min")
+    np.testing.assert_array_equal(np.asarray(mins), np.asarray(outs[1][0][:, 0]))
+    arg = foldax.pairwise_reduce(ham, x, y, reduction="argmin")
+    np.testing.assert_array_equal(np.asarray(arg), np.asarray(outs[1][1][:, 0]))
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=lambda t: np.dtype(t).name)
+def test_kmin_integers_at_their_ends(rng, dtype):
+    m, n = 37, 300
+    d = int_matrix(rng, dtype, m, n)
+    _check_kmin(d, _kmin_cases(d, n))
+
+
+@pytest.mark.parametrize("dtype", INTS_X64, ids=lambda t: np.dtype(t).name)
+def test_kmin_64bit_integers_at_their_ends(rng, dtype):
+    m, n = 37, 300
+    with jax.enable_x64(True):
+        d = int_matrix(rng, dtype, m, n)
+        _check_kmin(d, _kmin_cases(d, n))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda t: np.dtype(t).name)
+def test_kmin_floats_inf_nan_and_empty_slots(rng, dtype):
+    """+inf before NaN, NaN last (by index), empty slots (NaN, int32 max) after them all."""
+    m, n = 37, 300
+    d = float_matrix(rng, dtype, m, n)
+    _check_kmin(d, _kmin_cases(d, n))
+
+
+def test_kmin_float64_inf_nan_and_empty_slots(rng):
+    with jax.enable_x64(True):
+        d = float_matrix(rng, np.float64, 37, 300)
+        _check_kmin(d, _kmin_cases(d, 300))
+
+
+def test_kmin_many_default_tiles_at_int32_max(rng):
+    """Over many default tiles, rows whose k-th best is a real int32 max: later entries at the
+    max lose to it (ties by index), the few below it win, wherever they come."""
+    m, n = 64, 3000
+    d = int_matrix(rng, np.int32, m, n)
+    d[4:8] = np.iinfo(np.int32).max
+    d[4, 2500] = 5  # one real entry late, in a row full at the max
+    d[5, [10, 2999]] = np.iinfo(np.int32).max - 1
+    x, y = _rows(m, n)
+    outs = jax.jit(
+        lambda d: {
+            k: foldax.pairwise_reduce(_lookup(d), x, y, reduction="kmin", k=k) for k in (1, 5)
+        }
+    )(jnp.asarray(d))
+    for k, (vals, idx) in outs.items():
+        ref_vals, ref_idx = ref_kmin(d, k)
+        np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"k={k}")
+        np.testing.assert_array_equal(np.asarray(vals), ref_vals, err_msg=f"k={k}")
+
+
+# ----------------------------------------------------------------------------------------------
+# argmin / argmax / min_argmin / max_argmax
+
+
+def _check_args(d):
+    m, n = d.shape
+    x, y = _rows(m, n)
+    names = ("argmin", "argmax", "min_argmin", "max_argmax")
+
+    cases = [(r, masked, b) for r in names for masked in (False, True) for b in ((8, 16), None)]
+
+    def run(d):
+        return [
+            foldax.pairwise_reduce(
+                _lookup(d), x, y, reduction=r, block_size=b, mask=_mask if masked else None
+            )
+            for r, masked, b in cases
+        ]
+
+    for (r, masked, b), out in zip(cases, jax.jit(run)(jnp.asarray(d)), strict=True):
+        ref_vals, ref_idx = ref_arg(d, "max" in r, _valid(m, n) if masked else None)
+        err = f"{d.dtype} {r} mask={masked} block={b}"
+        if r.startswith("arg"):
+            np.testing.assert_array_equal(np.asarray(out), ref_idx, err_msg=err)
+        else:
+            np.testing.assert_array_equal(np.asarray(out[1]), ref_idx, err_msg=err)
+            np.testing.assert_array_equal(
+                np.asarray(out[0]).astype(np.float64), ref_vals.astype(np.float64), err_msg=err
+            )
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=lambda t: np.dtype(t).name)
+def test_arg_extremum_integers_at_their_ends(rng, dtype):
+    """argmin of a row all at iinfo.max, argmax of one all at iinfo.min: the first index (not
+    "none"); a row with every pair masked: int32 max, its value the identity."""
+    d = int_matrix(rng, dtype, 37, 300)
+    d[4] = np.iinfo(dtype).min
+    _check_args(d)
+
+
+def test_arg_extremum_64bit_integers_at_their_ends(rng):
+    with jax.enable_x64(True):
+        for dtype in INTS_X64:
+            d = int_matrix(rng, dtype, 37, 300)
+            d[4] = np.iinfo(dtype).min
+            _check_args(d)
+
+
+def test_arg_extremum_floats_inf_nan(rng):
+    d = float_matrix(rng, np.float32, 37, 300)
+    d[4] = -np.inf
+    _check_args(d)
+
+
+def test_argmin_int32_max_everywhere():
+    big, small = np.iinfo(np.int32).max, np.iinfo(np.int32).min
+    x, y = jnp.arange(6.0)[:, None], jnp.arange(5.0)[:, None]
+
+    def const(c):
+        return lambda a, b: jnp.full((), c, jnp.int32) + 0 * (a[0] - b[0]).astype(jnp.int32)
+
+    for r, c in (("argmin", big), ("argmax", small)):
+        np.testing.assert_array_equal(
+            np.asarray(foldax.pairwise_reduce(const(c), x, y, reduction=r)), np.zeros(6), err_msg=r
+        )
+        out = foldax.pairwise_reduce(const(c), x, y, reduction=r, mask=lambda i, j: j >= i)
+        np.testing.assert_array_equal(np.asarray(out), [0, 1, 2, 3, 4, NO_INDEX], err_msg=r)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int8, np.float32])
+def test_segment_arg_extremum_at_the_ends(rng, dtype):
+    """segment_argmin of data all at the dtype's highest value (iinfo.max, +inf), segment_argmax
+    at its lowest: each segment's first row, -1 for an empty one (sorted ids, unsorted, sizes)."""
+    n, s = 300, 7
+    ids = np.sort(rng.integers(0, s - 1, n)).astype(np.int32)  # the last segment is empty
+    first = np.array([np.flatnonzero(ids == g)[0] if (ids == g).any() else -1 for g in range(s)])
+    perm = rng.permutation(n)
+    first_perm = [np.flatnonzero(ids[perm] == g) for g in range(s)]
+    first_perm = np.array([f[0] if f.size else -1 for f in first_perm])
+    if jnp.issubdtype(dtype, jnp.floating):
+        ends = {"argmin": np.inf, "argmax": -np.inf}
+    else:
+        ends = {"argmin": np.iinfo(dtype).max, "argmax": np.iinfo(dtype).min}
+    for r, fn in (("argmin", foldax.segment_argmin), ("argmax", foldax.segment_argmax)):
+        data = jnp.full((n,), ends[r], dtype)
+        got = fn(data, jnp.asarray(ids), num_segments=s, indices_are_sorted=True)
+        np.testing.assert_array_equal(np.asarray(got), first, err_msg=r)
+        got = fn(data, jnp.asarray(ids), num_segments=s, chunk_size=16)
+        np.testing.assert_array_equal(np.asarray(got), first, err_msg=r)
+        got = fn(data, jnp.asarray(ids[perm]), num_segments=s)
+        np.testing.assert_array_equal(np.asarray(got), first_perm, err_msg=r)
+
+
+# ----------------------------------------------------------------------------------------------
+# reduction / k checks
+
+
+def _dot(a, b):
+    return jnp.sum(a * b)
+
+
+X, Y = jnp.ones((4, 2), jnp.float32), jnp.ones((5, 2), jnp.float32)
+KNOWN = ("'sum'", "'logsumexp'", "'max'", "'min'", "'argmax'", "'argmin'", "'kmin'", "'softmax'")
+
+BAD = {
+    # the report: an unknown reduction with k was blamed on k
+    "kmax_with_k": (ValueError, ("reduction", "'kmax'", *KNOWN), dict(reduction="kmax", k=2)),
+    "kmax": (ValueError, ("reduction", "'kmax'", *KNOWN), dict(reduction="kmax")),
+    "unknown_with_bad_k": (ValueError, ("'median'", *KNOWN), dict(reduction="median", k=0)),
+    "not_str": (TypeError, ("reduction", "NoneType", *KNOWN), dict(reduction=None)),
+    "list": (TypeError, ("reduction", "list"), dict(reduction=["kmin"], k=2)),
+    "k_zero": (ValueError, ("k = 0", "N = 5", "k >= 1"), dict(reduction="kmin", k=0)),
+    "k_negative": (ValueError, ("k = -2", "k >= 1"), dict(reduction="kmin", k=-2)),
+    "k_too_large": (ValueError, ("k = 6", "N = 5", "k <= 5"), dict(reduction="kmin", k=6)),
+    "k_missing": (ValueError, ("k", "kmin", "N = 5"), dict(reduction="kmin")),
+    "k_float": (TypeError, ("k", "float", "int"), dict(reduction="kmin", k=2.0)),
+    "k_bool": (TypeError, ("k", "bool", "int"), dict(reduction="kmin", k=True)),
+    "k_np_bool": (TypeError, ("k", "bool", "int"), dict(reduction="kmin", k=np.True_)),
+    "k_str": (TypeError, ("k", "str"), dict(reduction="kmin", k="3")),
+    "k_with_sum": (ValueError, ("k=2", "'sum'", "drop k"), dict(k=2)),
+    "k_with_argmin": (ValueError, ("k=0", "'argmin'", "drop k"), dict(reduction="argmin", k=0)),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_reduction_and_k_errors(case):
+    """Each names the argument and says what to pass: ``<name>: <arg> ...; <fix>.``"""
+    exc, words, kw = BAD[case]
+    with pytest.raises(exc) as info:
+        foldax.pairwise_reduce(_dot, X, Y, **kw)
+    msg = str(info.value)
+    assert msg.startswith(f"{NAME}: ") and "; " in msg and msg.endswith("."), msg
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_k_numpy_int_and_no_rows():
+    vals, idx = foldax.pairwise_reduce(_dot, X, Y, reduction="kmin", k=np.int64(2))
+    assert vals.shape == idx.shape == (4, 2)
+    with pytest.raises(ValueError, match=r"N = 0.*at least k rows"):
+        foldax.pairwise_reduce(_dot, X, Y[:0], reduction="kmin", k=1)
