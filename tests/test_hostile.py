@@ -310,3 +310,87 @@ def test_s4_kernels_mix_real_and_complex_inputs_under_strict_promotion():
     x = jnp.asarray([-0.5 + 1j, -0.1 + 0j], jnp.complex64)
     want = foldax.vandermonde(v.astype(jnp.complex64), x, 4)
     assert_allclose(foldax.vandermonde(v, x, 4), want, dtype=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# jax.random inside fn / kernel: key arrays as constants and as rows; per-row keys by fold_in
+
+
+def _dropout(key, x, idx, fold):
+    def fn(rows):
+        r, i = rows
+        keep = jax.vmap(lambda i: jax.random.bernoulli(jax.random.fold_in(key, i), 0.7, (3,)))(i)
+        return jnp.where(keep, r / 0.7, jnp.zeros((), r.dtype))
+
+    if fold:
+        return foldax.segment_logsumexp((x, idx), sizes=[10, 10], fn=fn, chunk_size=4)
+    return jnp.stack([jax.nn.logsumexp(v, axis=0) for v in jnp.split(fn((x, idx)), 2)])
+
+
+def test_fn_with_a_closed_over_key_and_per_row_keys(rng):
+    x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
+    idx = jnp.arange(20)
+    key = jax.random.key(3)
+    want = _dropout(key, x, idx, False)
+    assert_allclose(_dropout(key, x, idx, True), want, dtype=np.float32)
+    assert_allclose(jax.jit(_dropout, static_argnums=3)(key, x, idx, True), want, dtype=np.float32)
+    # the default plan (no chunk_size) sizes its steps from the key's bytes too
+    plain = foldax.segment_sum(x, sizes=[10, 10], fn=lambda r: r * jax.random.uniform(key, ()))
+    assert_allclose(plain, jax.random.uniform(key, ()) * x.reshape(2, 10, 3).sum(1), dtype=np.float32)
+    g = jax.grad(lambda x: _dropout(key, x, idx, True).sum())(x)
+    assert_allclose(g, jax.grad(lambda x: _dropout(key, x, idx, False).sum())(x), dtype=np.float32)
+    keys = jax.random.split(key, 4)  # a batch of keys: dropout per example
+    got = jax.vmap(_dropout, (0, None, None, None))(keys, x, idx, True)
+    want = jax.vmap(_dropout, (0, None, None, None))(keys, x, idx, False)
+    assert_allclose(got, want, dtype=np.float32)
+
+
+def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
+    x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
+    keys = jax.random.split(jax.random.key(0), 20)
+    fn = lambda rk: rk[0] + jax.vmap(lambda k: jax.random.normal(k, (3,)))(rk[1])  # noqa: E731
+    got = foldax.segment_max((x, keys), sizes=[10, 10], fn=fn)
+    assert_allclose(got, fn((x, keys)).reshape(2, 10, 3).max(1), dtype=np.float32)
+
+    key, y = jax.random.key(1), x[:7]
+
+    def kern(a, b):
+        u = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, a[1]), b[1]))
+        return jnp.sum(a[0] * b[0]) * u
+
+    def dense(x):
+        rows = jax.vmap(lambda a: jax.vmap(lambda b: kern(a, b))((y, jnp.arange(7))))
+        return jax.nn.logsumexp(rows((x, jnp.arange(20))), axis=1)
+
+    def fold(x):
+        xs, ys = (x, jnp.arange(20)), (y, jnp.arange(7))
+        return foldax.pairwise_reduce(kern, xs, ys, reduction="logsumexp")
+
+    assert_allclose(fold(x), dense(x), dtype=np.float32)
+    g = jax.grad(lambda x: fold(x).sum())(x)
+    assert_allclose(g, jax.grad(lambda x: dense(x).sum())(x), dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# vmap over an empty batch gives an empty result, as plain JAX does
+
+
+def test_vmap_over_an_empty_batch():
+    seg = jax.vmap(lambda x: foldax.segment_sum(x, sizes=[2, 3]))(jnp.ones((0, 5)))
+    assert seg.shape == (0, 2)
+    sm = jax.vmap(lambda x: foldax.segment_softmax(x, sizes=[2, 3]))(jnp.ones((0, 5)))
+    assert sm.shape == (0, 5)
+    grad = jax.vmap(jax.grad(lambda x: foldax.segment_logsumexp(x, sizes=[2, 3]).sum()))
+    assert grad(jnp.ones((0, 5))).shape == (0, 5)
+    nested = jax.vmap(jax.vmap(lambda x: foldax.segment_max(x, sizes=[2, 3])))
+    assert nested(jnp.ones((3, 0, 5))).shape == (3, 0, 2)
+    kmin = jax.vmap(
+        lambda x: foldax.pairwise_reduce(lambda a, b: jnp.sum(a * b), x, x, reduction="kmin", k=2)
+    )
+    vals, idx = kmin(jnp.ones((0, 5, 2)))
+    assert vals.shape == idx.shape == (0, 5, 2)
+    v = jnp.ones((0, 4), jnp.complex64)
+    w = jnp.full((4,), -0.5 + 1j, jnp.complex64)
+    z = jnp.ones(6, jnp.complex64)
+    assert jax.vmap(lambda v: foldax.cauchy(v, z, w))(v).shape == (0, 6)
+    assert jax.jit(jax.vmap(lambda v: foldax.vandermonde(v, w, 6)))(v).shape == (0, 6)

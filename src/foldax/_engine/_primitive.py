@@ -32,6 +32,7 @@ small per-slot outputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -154,10 +155,19 @@ def _index(spec, index):
     return (index,) if getattr(spec.monoid, "needs_index", False) else ()
 
 
+@functools.cache
+def _itemsize(dtype) -> int:
+    """Bytes per element, also for extended dtypes (``jax.random`` keys: their key data's)."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+        return math.prod(data.shape) * np.dtype(data.dtype).itemsize
+    return np.dtype(dtype).itemsize
+
+
 def _nbytes(aval) -> int:
     if not (hasattr(aval, "shape") and hasattr(aval, "dtype")):
         return 0
-    return math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+    return math.prod(aval.shape) * _itemsize(aval.dtype)
 
 
 def _subjaxprs(eqn):
@@ -221,7 +231,7 @@ def unit_bytes(spec, avals) -> float:
     def measure(g, t):
         probe = _probe_avals(spec, avals, g, t)
         jaxpr = jax.make_jaxpr(_step_fn(spec))(*probe).jaxpr
-        ins = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(probe))
+        ins = sum(_nbytes(a) for a in jax.tree.leaves(probe))
         _, tt, r = _probe_grid(spec.plan.kind, g, t)
         units = g * tt if spec.plan.kind == "dense" else r
         return _peak_bytes(jaxpr) + ins, units
@@ -625,6 +635,10 @@ class _Rules(VJPHiPrimitive):
     def _cotangents(self, args, outs, g, nz):
         """Cotangents ``(consts, slots, rows)`` (``None`` where not wanted) from the outputs'."""
         arrays, consts, slots, rows = args
+        # Integer inputs (counts, indices, keys) take no cotangent: a symbolic zero, never a
+        # float0 array that a derived fold would have to add up.
+        flat = (*consts, *slots, *rows)
+        nz = tuple(f and _is_float(_aval(a)) for f, a in zip(nz, flat, strict=True))
         out_leaves = jax.tree.leaves(self.out_aval)
         g_leaves = jax.tree.leaves(g, is_leaf=_is_zero)
         gnz = tuple(
@@ -819,6 +833,8 @@ class Batched(_Rules):
         return self.inner.spec
 
     def expand(self, *args):
+        if self.size == 0:  # an empty batch: empty outputs, nothing to plan or run
+            return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self.out_aval)
         inner = self.inner.scaled(self.size)
         vmapped = jax.vmap(inner.expand, in_axes=self.dims, out_axes=0, axis_size=self.size)
         return vmapped(*args)
