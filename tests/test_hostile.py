@@ -336,7 +336,9 @@ def test_fn_with_a_closed_over_key_and_per_row_keys(rng):
     assert_allclose(jax.jit(_dropout, static_argnums=3)(key, x, idx, True), want, dtype=np.float32)
     # the default plan (no chunk_size) sizes its steps from the key's bytes too
     plain = foldax.segment_sum(x, sizes=[10, 10], fn=lambda r: r * jax.random.uniform(key, ()))
-    assert_allclose(plain, jax.random.uniform(key, ()) * x.reshape(2, 10, 3).sum(1), dtype=np.float32)
+    assert_allclose(
+        plain, jax.random.uniform(key, ()) * x.reshape(2, 10, 3).sum(1), dtype=np.float32
+    )
     g = jax.grad(lambda x: _dropout(key, x, idx, True).sum())(x)
     assert_allclose(g, jax.grad(lambda x: _dropout(key, x, idx, False).sum())(x), dtype=np.float32)
     keys = jax.random.split(key, 4)  # a batch of keys: dropout per example

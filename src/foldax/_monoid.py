@@ -28,6 +28,7 @@ A new reduction is a new monoid; the engine in :mod:`foldax._engine` never chang
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -484,22 +485,18 @@ def lse_weights(v, ok, m, rel):
     return jnp.exp(z)
 
 
-def _two_output_cotangent(v, g, d0, d1):
-    """The values' cotangent from two outputs' (``g[1]`` may be ``None``) and the per-value
-    derivatives ``d0``, ``d1`` of each output (``(G, T, *F)``)."""
-    ct = g[0][:, None].astype(v.dtype) * d0
-    if g[1] is not None:
-        ct = ct + g[1][:, None].astype(v.dtype) * d1
-    return ct
-
-
 class Prod(Monoid):
     """State: (the product of the non-zero values, the number of zeros), both per element; half
     precision multiplies in float32. The result is 0 where a zero was seen, else the product.
 
-    Outputs: the result, the product of the non-zeros ``P`` and the zero count. The derivative
-    of the result in ``x_i`` is ``P / x_i`` without zeros, ``P`` for the only zero, else 0: no
-    division by 0. ``P`` is an output with its own tangent, so second derivatives flow."""
+    Outputs: the result ``R``, the product of the non-zeros ``P``, ``Q``: the sum over the zeros
+    ``k`` of the product of the others (``P`` with exactly one zero, else 0), and the zero count.
+    The derivatives in ``x_i`` (no division by 0): at a non-zero, ``(R, P, Q) / x_i``; at a zero,
+    ``Q - x_i P`` for ``R`` (the ``x_i P`` with exactly two zeros: numerically 0), 0 for ``P``,
+    and ``P`` for ``Q`` with exactly two zeros, else 0. These hold as functions of the outputs
+    (the zeros held where they are), which have their own tangents: second derivatives are exact,
+    and third ones with at most two zeros in a segment.
+    """
 
     def __init__(self):
         super().__init__("prod", "number")
@@ -520,36 +517,52 @@ class Prod(Monoid):
     def scatter(self, carry, seg, st):
         return (carry[0].at[seg].multiply(st[0], mode="drop"), _add_at(carry[1], seg, st[1]))
 
-    n_outputs = 3
+    n_outputs = 4
 
     def finalize(self, st):
         return jnp.where(st[1] > 0, jnp.zeros((), st[0].dtype), st[0])
 
     def outputs(self, st):
-        return (self.finalize(st), *st)
+        p, zeros = st
+        q = jnp.where(zeros == 1, p, jnp.zeros((), p.dtype))
+        return (self.finalize(st), p, q, zeros)
 
     def info(self, outputs):
         # the zero count as float32: an integer slot of a derivative fold would take a float0
         # cotangent (the engine sums slot cotangents)
-        return (outputs[1], outputs[2].astype(jnp.float32))
+        return (*outputs[:3], outputs[3].astype(jnp.float32))
 
     def _weights(self, v, mask, info):
-        """``(d result / dv, d P / dv)`` per value ``(G, T, *F)``."""
-        p, zeros = (a[:, None] for a in info)
+        """``(d R / dv, d P / dv, d Q / dv)`` per value ``(G, T, *F)``: functions of ``info``
+        (``R``, ``P``, ``Q``), so that their own derivatives follow the outputs' tangents."""
+        r, p, q = (a[:, None].astype(v.dtype) for a in info[:3])
+        zeros = info[3][:, None]
         m = _tile_mask(mask, v)
-        p = p.astype(v.dtype)
+        zero = jnp.zeros((), v.dtype)
         is0 = v == 0
-        others = p / jnp.where(is0, jnp.ones((), v.dtype), v)  # P / x_i, or P at a zero
-        dp = jnp.where(m & ~is0, others, jnp.zeros((), v.dtype))
-        dres = jnp.where(zeros == 0, dp, jnp.where(m & is0 & (zeros == 1), p, 0 * p))
-        return dres, dp
+        nz, at0 = m & ~is0, m & is0
+        x = jnp.where(is0, jnp.ones((), v.dtype), v)
+        two = zeros == 2
+        dres = jnp.where(nz, r / x, jnp.where(at0, q - jnp.where(two, v * p, zero), zero))
+        dp = jnp.where(nz, p / x, zero)
+        dq = jnp.where(nz, q / x, jnp.where(at0 & two, p, zero))
+        return dres, dp, dq
 
     def row_cotangent(self, v, mask, info, g):
-        return _two_output_cotangent(v, g, *self._weights(v, mask, info))
+        return _output_cotangent(v, g, self._weights(v, mask, info))
 
     def tangent(self, v, dv, mask, info):
-        dres, dp = self._weights(v, mask, info)
-        return (jnp.sum(dres * dv, axis=1), jnp.sum(dp * dv, axis=1).astype(info[0].dtype), None)
+        dres, dp, dq = self._weights(v, mask, info)
+        t = lambda w, a: jnp.sum(w * dv, axis=1).astype(a.dtype)  # noqa: E731
+        return (t(dres, info[0]), t(dp, info[1]), t(dq, info[2]), None)
+
+
+def _output_cotangent(v, g, ds):
+    """The values' cotangent from the outputs' ``g`` (``None`` where there is none) and the
+    per-value derivatives ``ds`` of each output (``(G, T, *F)``)."""
+    pairs = zip(g[: len(ds)], ds, strict=True)
+    parts = [gi[:, None].astype(v.dtype) * d for gi, d in pairs if gi is not None]
+    return sum(parts[1:], parts[0]) if parts else jnp.zeros_like(ds[0])
 
 
 class Var(Monoid):
@@ -557,6 +570,16 @@ class Var(Monoid):
     ``(count, mean, M2)`` (Chan et al.): a tile's mean and sum of squared deviations are exact
     two-pass sums, and states merge with ``M2 = M2_a + M2_b + d^2 n_a n_b / n``; never
     ``E[x^2] - E[x]^2``. Half precision accumulates in float32. The count is per segment.
+
+    Nothing overflows that the variance does not: a tile sums its values scaled (exactly) by a
+    power of two, so that ``T`` finite values cannot overflow; the merge term is computed as
+    ``(d n_a n_b / n) d``; a merge's mean shift weighs deviations by their share of the count;
+    and a merge with an empty state keeps the other state exactly. The mean of finite values
+    stays finite (clipped where means of opposite signs past half the float range merge, whose
+    ``M2`` is ``inf``); ``M2`` is ``inf`` where it overflows and NaN only for non-finite values.
+    Equal values give exactly 0 where their mean is exact (one value, an exact tile sum, merged
+    equal means); otherwise the square of the mean's rounding error, which in float32 overflows
+    to ``inf`` for ``|x| > ~3e26``, as NumPy's float32 ``var`` does.
 
     Outputs: the result, the mean and the count. The derivative of the variance in ``x_i`` is
     ``2 (x_i - mean) / (n - ddof)``; the mean is an output with its own tangent, so second
@@ -576,32 +599,51 @@ class Var(Monoid):
         m = _tile_mask(mask, v)
         w = jnp.where(m, v, jnp.zeros((), v.dtype)).astype(_accumulator(v.dtype))
         n = jnp.sum(mask, axis=1, dtype=jnp.int32)
-        mean = jnp.sum(w, axis=1) / _expand(jnp.maximum(n, 1), w.ndim - 1).astype(w.dtype)
+        t = v.shape[1]
+        if t == 1:  # one-row tiles (rows scattered by id): the value is the mean, M2 0 (NaN
+            # for +-inf, as x - mean)
+            nan = jnp.asarray(np.nan, w.dtype)
+            return (n, w[:, 0], jnp.where(jnp.isfinite(w[:, 0]), jnp.zeros((), w.dtype), nan))
+        # summed scaled by 2^-k < 1 / (2 T), exactly (a power of two): the sum of T finite
+        # values cannot overflow, and their mean is finite
+        scale = 2.0 ** -(1 + math.ceil(math.log2(t)))
+        ws = jnp.where(m, v.astype(w.dtype) * jnp.asarray(scale, w.dtype), jnp.zeros((), w.dtype))
+        count = _expand(jnp.maximum(n, 1), w.ndim - 1).astype(w.dtype)
+        mean = (jnp.sum(ws, axis=1) / count) * jnp.asarray(1 / scale, w.dtype)
         d = jnp.where(m, w - mean[:, None], jnp.zeros((), w.dtype))
         return (n, mean, jnp.sum(d * d, axis=1))
 
     def combine(self, a, b):
-        n = a[0] + b[0]
-        f = lambda c: _expand(c, a[1].ndim).astype(a[1].dtype)  # noqa: E731
-        d = b[1] - a[1]
-        share = f(b[0]) / f(jnp.maximum(n, 1))
-        return (n, a[1] + d * share, a[2] + b[2] + d * d * f(a[0]) * share)
+        (na, ma, qa), (nb, mb, qb) = a, b
+        n = na + nb
+        f = lambda c: _expand(c, ma.ndim).astype(ma.dtype)  # noqa: E731
+        d = mb - ma
+        share = f(nb) / f(jnp.maximum(n, 1))
+        mean = _finite_mean(ma + d * share)
+        q = qa + qb + (d * (f(na) * share)) * d
+        a_empty, b_empty = _expand(na == 0, ma.ndim), _expand(nb == 0, ma.ndim)
+        mean = jnp.where(a_empty, mb, jnp.where(b_empty, ma, mean))
+        return (n, mean, jnp.where(a_empty, qb, jnp.where(b_empty, qa, q)))
 
     def scatter(self, carry, seg, st):
         """Merge the tile states into their slots; duplicate slots (a segment's several tiles in
-        one step, repeated ids) merge exactly: scatter-adds about the slot's old mean."""
+        one step, repeated ids) merge exactly: scatter-adds about the slot's old mean of the
+        tiles' mean deviations weighted by their share of the new count (the mean's shift), then
+        of the squared deviations about the new mean. Empty slots and tiles add none."""
         cn, cm, cq = carry
         tn, tm, tq = st
         f = lambda c: _expand(c, tm.ndim).astype(tm.dtype)  # noqa: E731
+        zero = jnp.zeros((), tm.dtype)
         n_old, m_old = _take(cn, seg), _take(cm, seg)
         n = _add_at(cn, seg, tn)
         n_new = _take(n, seg)
-        shift = cm.at[seg].set(jnp.zeros_like(m_old), mode="drop")
-        shift = _add_at(shift, seg, f(tn) * (tm - m_old))
-        mean = m_old + _take(shift, seg) / f(jnp.maximum(n_new, 1))
-        q_old = _take(cq, seg) + f(n_old) * (m_old - mean) ** 2
+        had, has = _expand(n_old > 0, tm.ndim), _expand(tn > 0, tm.ndim)
+        dev = jnp.where(has, (f(tn) / f(jnp.maximum(n_new, 1))) * (tm - m_old), zero)
+        shift = _add_at(cm.at[seg].set(jnp.zeros_like(m_old), mode="drop"), seg, dev)
+        mean = _finite_mean(m_old + _take(shift, seg))
+        q_old = _take(cq, seg) + jnp.where(had, f(n_old) * (m_old - mean) ** 2, zero)
         q = cq.at[seg].set(q_old, mode="drop")
-        q = _add_at(q, seg, tq + f(tn) * (tm - mean) ** 2)
+        q = _add_at(q, seg, tq + jnp.where(has, f(tn) * (tm - mean) ** 2, zero))
         return (n, shift.at[seg].set(mean, mode="drop"), q)
 
     n_outputs = 3
@@ -633,12 +675,19 @@ class Var(Monoid):
         return dres, dmean
 
     def row_cotangent(self, v, mask, info, g):
-        return _two_output_cotangent(v, g, *self._weights(v, mask, info))
+        return _output_cotangent(v, g, self._weights(v, mask, info))
 
     def tangent(self, v, dv, mask, info):
         dres, dmean = self._weights(v, mask, info)
         tm = jnp.sum(dmean * dv, axis=1).astype(info[1].dtype)
         return (jnp.sum(dres * dv, axis=1), tm, None)
+
+
+def _finite_mean(m):
+    """A merged mean, finite for finite values: it overflows only merging means of opposite
+    signs past half the float range (whose ``M2`` is then ``inf``); NaN stays NaN."""
+    big = jnp.finfo(m.dtype).max
+    return jnp.clip(m, -big, big)
 
 
 _NO_ROW = np.iinfo(np.int32).max
