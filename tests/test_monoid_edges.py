@@ -380,3 +380,18 @@ def test_var_gradient_at_huge_mean(rng, name):
         d = seg - seg.mean()
         want[ids == k] = w[k] * (2 * d / len(seg) if name == "var" else d / (len(seg) * seg.std()))
     assert_allclose(got, want, dtype=np.float32, scale=float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.0, np.nan, 2.0], [0.0, np.inf], [np.inf, 2.0, 0.0], [-np.inf, 0.0, 0.0], [np.nan, 1.0]],
+)
+def test_prod_a_zero_does_not_hide_nan_or_inf(values):
+    """0 * NaN and 0 * inf are NaN (as jnp.prod and jax.ops.segment_prod give), never 0."""
+    v = jnp.asarray(values, jnp.float32)
+    want = np.asarray([np.prod(np.asarray(values, np.float64))])
+    assert_allclose(foldax.segment_prod(v, sizes=[len(values)]), want, dtype=np.float32)
+    ids = jnp.zeros(len(values), jnp.int32)
+    assert_allclose(foldax.segment_prod(v, ids, 1), want, dtype=np.float32)
+    got = foldax.segment_prod(v, ids, 1, chunk_size=1)
+    assert_allclose(got, jax.ops.segment_prod(v, ids, 1), dtype=np.float32)

@@ -520,7 +520,12 @@ class Prod(Monoid):
     n_outputs = 4
 
     def finalize(self, st):
-        return jnp.where(st[1] > 0, jnp.zeros((), st[0].dtype), st[0])
+        # a zero times a finite product is 0; times NaN or inf (0 * inf) it is NaN, as jnp.prod
+        p = st[0]
+        if not jnp.issubdtype(p.dtype, jnp.inexact):
+            return jnp.where(st[1] > 0, jnp.zeros((), p.dtype), p)
+        hit = jnp.where(jnp.isfinite(p), jnp.zeros((), p.dtype), jnp.asarray(np.nan, p.dtype))
+        return jnp.where(st[1] > 0, hit, p)
 
     def outputs(self, st):
         p, zeros = st
