@@ -111,3 +111,68 @@ def test_large_logits_keep_relative_precision(sizes, magnitude, sign, seed):
     g = jax.grad(lambda v: foldax.segment_logsumexp(v, sizes=sizes).sum())(jnp.asarray(x))
     for got in (sm, np.asarray(g, np.float64)):
         assert np.max(np.abs(got - want) / want) <= 1e-5
+
+
+#: Id dtypes that wrap in ``np.diff`` (unsigned) or in ``jnp.arange(S + 1, dtype)`` (small).
+ID_DTYPES = (np.uint8, np.uint16, np.uint32, np.int8, np.int16)
+JAXOPS = ("sum", "max", "min", "prod")
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 12), min_size=1, max_size=8),
+    dtype=st.sampled_from(ID_DTYPES),
+    form=st.sampled_from(["sorted_ids", "unsorted_ids", "jit_sorted_ids", "jit_unsorted_ids"]),
+    outside=st.lists(st.sampled_from(["min", "max", "-1", "S", "2**31"]), max_size=3),
+    clip=st.booleans(),
+    values=st.sampled_from([np.float32, np.int32]),
+    chunk_size=st.one_of(st.none(), st.integers(1, 20)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_small_and_unsigned_ids_match_jax_ops(
+    sizes, dtype, form, outside, clip, values, chunk_size, seed
+):
+    """Ids of a small or unsigned dtype (known or traced, sorted or not), some out of range at
+    the dtype's extremes, dropped or clipped; float32 values, or int32 values at int32's
+    extremes (sums and products wrap alike): against ``jax.ops`` given the same ids clamped
+    exactly to int32 (``jax.ops`` itself wraps uint32 ids >= 2**31 to negative ones)."""
+    import jax
+
+    import foldax
+
+    rng = np.random.default_rng(seed)
+    part = Partition(np.asarray(sizes, np.int64))
+    s, info = part.num_segments, np.iinfo(dtype)
+    extra = {"min": info.min, "max": info.max, "-1": -1, "S": s, "2**31": 2**31}
+    out = [int(extra[k]) for k in outside if info.min <= extra[k] <= info.max]
+    exact = np.sort(np.concatenate([part.ids, np.asarray(out, np.int64)]).astype(np.int64))
+    if "unsorted" in form:
+        exact = rng.permutation(exact)
+    ids = np.asarray([int(v) for v in exact], dtype=object).astype(dtype)
+    if values is np.int32:
+        x = rng.integers(-(2**31), 2**31 - 1, exact.size, endpoint=True).astype(np.int32)
+        x[rng.random(exact.size) < 0.3] = rng.choice([-(2**31), 2**31 - 1, -1, 0, 1])
+    else:
+        x = rng.standard_normal(exact.size).astype(np.float32)
+    mode = "clip" if clip else None
+    sort = "unsorted" not in form
+
+    def call(name, x, i):
+        f = getattr(foldax, f"segment_{name}")
+        return f(x, i, s, indices_are_sorted=sort, mode=mode, chunk_size=chunk_size)
+
+    if form.startswith("jit_"):
+        outs = jit_each(JAXOPS, call)(jnp.asarray(x), jnp.asarray(ids))
+    else:
+        outs = jit_each(JAXOPS, lambda name, x: call(name, x, ids))(jnp.asarray(x))
+    work = jnp.asarray(np.clip(exact, -1, s), jnp.int32)
+
+    def check(name):
+        want = getattr(jax.ops, f"segment_{name}")(jnp.asarray(x), work, s, mode=mode)
+        assert outs[name].dtype == want.dtype
+        if values is np.int32:
+            np.testing.assert_array_equal(outs[name], want)
+        else:
+            assert_allclose(outs[name], want, dtype=np.float32, scale=data_scale(x))
+
+    check_each(JAXOPS, check)

@@ -49,8 +49,30 @@ def enabled() -> bool:
     return getattr(_local, "on", False)
 
 
+def first_decrease(ids):
+    """The first ``i`` with ``ids[i] > ids[i + 1]``, or ``None`` if ``ids`` (NumPy) are sorted.
+    Compared in their own dtype, exact for every integer dtype (``np.diff`` wraps for unsigned
+    ids, and int64 cannot hold every uint64)."""
+    ids = np.asarray(ids)
+    bad = np.flatnonzero(ids[1:] < ids[:-1])
+    return int(bad[0]) if bad.size else None
+
+
+def unsorted_error(ids):
+    """What is wrong with ``segment_ids`` promised sorted (``None`` if they are sorted)."""
+    i = first_decrease(ids)
+    if i is None:
+        return None
+    return (
+        f"indices_are_sorted=True, but segment_ids are not sorted (segment_ids[{i}] = "
+        f"{ids[i]} > segment_ids[{i + 1}] = {ids[i + 1]})"
+    )
+
+
 def _partition_error(name, arg, x, n):
     """What is wrong with a partition argument's values (``None`` if nothing)."""
+    if arg == "segment_ids":
+        return unsorted_error(x)
     x = np.asarray(x, np.int64)
     if arg == "sizes":
         if np.any(x < 0):
@@ -64,12 +86,6 @@ def _partition_error(name, arg, x, n):
         if np.any(np.diff(x) < 0):
             i = int(np.flatnonzero(np.diff(x) < 0)[0])
             return f"offsets must be non-decreasing, but offsets[{i}] = {x[i]} > offsets[{i + 1}] = {x[i + 1]}"
-    elif np.any(np.diff(x) < 0):
-        i = int(np.flatnonzero(np.diff(x) < 0)[0])
-        return (
-            f"indices_are_sorted=True, but segment_ids are not sorted (segment_ids[{i}] = {x[i]} "
-            f"> segment_ids[{i + 1}] = {x[i + 1]})"
-        )
     return None
 
 
@@ -103,4 +119,11 @@ def concrete_rows(name, what, n):
         ) from None
 
 
-__all__ = ["check_partition", "concrete_rows", "debug_checks", "enabled"]
+__all__ = [
+    "check_partition",
+    "concrete_rows",
+    "debug_checks",
+    "enabled",
+    "first_decrease",
+    "unsorted_error",
+]

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, _engine, _fold, _shard
+from ._engine._plan import static_ends, static_table
 from ._monoid import ARGMAX, ARGMIN, LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, PROD, SUM, Var
 
 if TYPE_CHECKING:
@@ -95,15 +96,7 @@ def _partition(
             f"(got {what})."
         )
     if num_segments is not None:
-        try:
-            num_segments = operator.index(num_segments)
-        except TypeError:
-            raise TypeError(
-                f"{name}: num_segments must be a static Python int, got {type(num_segments).__name__}; "
-                f"under jit mark it static (static_argnames) or pass it as a literal."
-            ) from None
-        if num_segments < 0:
-            raise ValueError(f"{name}: num_segments must be >= 0, got {num_segments}.")
+        num_segments = _num_segments(name, num_segments)
 
     if segment_ids is not None:
         n_ids = n if n_ids is None else n_ids
@@ -133,32 +126,7 @@ def _partition(
         )
     static = _static_int_array(x)
     if static is not None:
-        static = static.astype(np.int64)
-        if arg == "sizes":
-            if np.any(static < 0):
-                bad = int(np.flatnonzero(static < 0)[0])
-                raise ValueError(f"{name}: sizes must be >= 0, but sizes[{bad}] = {static[bad]}.")
-            if int(static.sum()) != n:
-                raise ValueError(
-                    f"{name}: sizes sum to {int(static.sum())} but data has N = {n} rows; "
-                    f"the segments must cover the leading axis exactly."
-                )
-            sz = static
-            off = np.concatenate([[0], np.cumsum(sz)[:-1]]).astype(np.int64)
-        else:
-            if static[0] != 0 or static[-1] != n:
-                raise ValueError(
-                    f"{name}: offsets must start at 0 and end at N = {n}, got "
-                    f"{static[0]} ... {static[-1]}."
-                )
-            if np.any(np.diff(static) < 0):
-                bad = int(np.flatnonzero(np.diff(static) < 0)[0])
-                raise ValueError(
-                    f"{name}: offsets must be non-decreasing, but offsets[{bad}] = "
-                    f"{static[bad]} > offsets[{bad + 1}] = {static[bad + 1]}."
-                )
-            sz = np.diff(static)
-            off = static[:-1]
+        sz, off = _static_bounds(name, arg, static.astype(np.int64), n)
         return _Empty(count) if count == 0 or n == 0 else _Contiguous(sz, off, count)
     # Traced: values cannot be checked at trace time (documented); foldax.debug_checks checks
     # them at run time.
@@ -173,7 +141,63 @@ def _partition(
     return _Empty(count) if count == 0 or n == 0 else _Contiguous(sz, off, count)
 
 
+def _static_bounds(name, arg, static, n):
+    """``(sizes, offsets)`` of static ``sizes`` / ``offsets`` (``arg``), checked against ``n``."""
+    if arg == "sizes":
+        if np.any(static < 0):
+            bad = int(np.flatnonzero(static < 0)[0])
+            raise ValueError(f"{name}: sizes must be >= 0, but sizes[{bad}] = {static[bad]}.")
+        if int(static.sum()) != n:
+            raise ValueError(
+                f"{name}: sizes sum to {int(static.sum())} but data has N = {n} rows; "
+                f"the segments must cover the leading axis exactly."
+            )
+        return static, np.concatenate([[0], np.cumsum(static)[:-1]]).astype(np.int64)
+    if static[0] != 0 or static[-1] != n:
+        raise ValueError(
+            f"{name}: offsets must start at 0 and end at N = {n}, got {static[0]} ... {static[-1]}."
+        )
+    if np.any(np.diff(static) < 0):
+        bad = int(np.flatnonzero(np.diff(static) < 0)[0])
+        raise ValueError(
+            f"{name}: offsets must be non-decreasing, but offsets[{bad}] = "
+            f"{static[bad]} > offsets[{bad + 1}] = {static[bad + 1]}."
+        )
+    return np.diff(static), static[:-1]
+
+
 def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, clip=False):
+    """The partition that ``segment_ids`` describe: every family's one validation and
+    normalisation of ids (see :func:`_ids_input` and :func:`_working_ids`)."""
+    ids, static = _ids_input(name, n, segment_ids)
+    if num_segments is None:
+        if static is None:
+            raise ValueError(
+                f"{name}: num_segments is required when segment_ids is traced (under jit, vmap "
+                f"or grad); pass it as a static int."
+            )
+        num_segments = _num_segments(name, max(int(static.max()) + 1, 0) if static.size else 0)
+    if num_segments == 0 or n == 0:
+        return _Empty(num_segments)
+    if static is None:
+        work = _working_ids(ids, num_segments, clip, jnp)
+        if indices_are_sorted:  # the caller's promise, checked inside foldax.debug_checks
+            _checks.check_partition(name, "segment_ids", work if clip else ids, n)
+        return _Ids(work, num_segments, bool(indices_are_sorted))
+    work = _working_ids(static, num_segments, clip, np)
+    err = _checks.unsorted_error(work if clip else static) if indices_are_sorted else None
+    if err is not None:  # (clipped ids are checked as clipped, like traced ones)
+        raise ValueError(f"{name}: {err}; sort the rows by id, or leave indices_are_sorted out.")
+    if _checks.first_decrease(work) is None:  # known and sorted: contiguous, the tiled path
+        bounds = np.searchsorted(work, np.arange(num_segments + 1), side="left")
+        return _Contiguous(np.diff(bounds), bounds[:-1], num_segments)
+    return _Ids(static_table(work), num_segments, False)
+
+
+def _ids_input(name, n, segment_ids):
+    """``(ids, static)``: ``segment_ids`` checked to be an integer (not bool) array of shape
+    ``(n,)`` (a list of Python ints becomes int64 NumPy); ``static``: its NumPy value, in its own
+    dtype, when known at trace time, else ``None``."""
     if isinstance(segment_ids, list | tuple):
         if not all(
             isinstance(v, int | np.integer) and not isinstance(v, bool) for v in segment_ids
@@ -181,44 +205,57 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
             raise TypeError(
                 f"{name}: segment_ids must contain Python ints, got {segment_ids!r:.80}."
             )
-        segment_ids = np.asarray(segment_ids, dtype=np.int64).reshape(-1)
+        try:
+            segment_ids = np.asarray(segment_ids, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            raise ValueError(
+                f"{name}: segment_ids must fit in int64, got {segment_ids!r:.80}; ids outside "
+                f"[0, num_segments) are dropped anyway, replace them by -1."
+            ) from None
     _check_int_dtype(name, "segment_ids", jnp.result_type(segment_ids))
     if jnp.shape(segment_ids) != (n,):
         raise ValueError(
             f"{name}: segment_ids must have shape (N,) = ({n},) to match data, got "
             f"{jnp.shape(segment_ids)}."
         )
-    static = _static_int_array(segment_ids)
-    if num_segments is None:
-        if static is None:
-            raise ValueError(
-                f"{name}: num_segments is required when segment_ids is traced (under jit, vmap "
-                f"or grad); pass it as a static int."
-            )
-        num_segments = int(static.max()) + 1 if static.size else 0
-    if num_segments == 0 or n == 0:
-        return _Empty(num_segments)
-    if clip:  # jax.ops' mode="clip": every id lands in a segment (clipping keeps them sorted)
-        if static is not None:
-            static = np.clip(static, 0, num_segments - 1)
-            segment_ids = static
-        else:
-            segment_ids = jnp.clip(segment_ids, 0, num_segments - 1)
-    if static is not None and indices_are_sorted and np.any(np.diff(static) < 0):
-        bad = int(np.flatnonzero(np.diff(static) < 0)[0])
+    return segment_ids, _static_int_array(segment_ids)
+
+
+def _working_ids(ids, num_segments, clip, xp):
+    """``ids`` (NumPy, ``xp=np``, or traced, ``xp=jnp``; any integer dtype) as int32 that never
+    wrapped: clamped first, in their own dtype, into ``[0, S - 1]`` (``clip``, jax.ops'
+    ``mode="clip"``) or into ``[-1, S]``, where every id out of range stays out of range (and is
+    dropped). Clamping is monotone: sorted ids stay sorted. (Ids that already fit in int32 are
+    only cast, unless clipped.)"""
+    info, i32 = np.iinfo(ids.dtype), np.iinfo(np.int32)
+    lo, hi = (0, num_segments - 1) if clip else (-1, num_segments)
+    if clip or info.min < i32.min or info.max > i32.max:
+        ids = xp.clip(ids, max(lo, int(info.min)), min(hi, int(info.max)))
+    return ids.astype(np.int32)
+
+
+def _num_segments(name, num_segments):
+    """``num_segments`` checked: a static int ``>= 0`` that fits the plans' int32 indices (its
+    ``S + 1`` bounds)."""
+    try:
+        num_segments = operator.index(num_segments)
+    except TypeError:
+        raise TypeError(
+            f"{name}: num_segments must be a static Python int, got {type(num_segments).__name__}; "
+            f"under jit mark it static (static_argnames) or pass it as a literal."
+        ) from None
+    if num_segments < 0:
+        raise ValueError(f"{name}: num_segments must be >= 0, got {num_segments}.")
+    if num_segments > _MAX_SEGMENTS:
         raise ValueError(
-            f"{name}: indices_are_sorted=True, but segment_ids are not sorted (segment_ids[{bad}] "
-            f"= {static[bad]} > segment_ids[{bad + 1}] = {static[bad + 1]}); sort the rows by id, "
-            f"or leave indices_are_sorted out."
+            f"{name}: num_segments must be at most {_MAX_SEGMENTS} (foldax indexes segments in "
+            f"int32), got {num_segments}; drop the unused ids (remap them to 0 ... S - 1)."
         )
-    if static is not None and (static.size < 2 or np.all(np.diff(static) >= 0)):
-        # Known and sorted: contiguous segments, the fast tiled path.
-        bounds = np.searchsorted(static, np.arange(num_segments + 1), side="left")
-        return _Contiguous(np.diff(bounds), bounds[:-1], num_segments)
-    promised = bool(indices_are_sorted and static is None)
-    if promised:
-        _checks.check_partition(name, "segment_ids", segment_ids, n)
-    return _Ids(jnp.asarray(segment_ids), num_segments, promised)
+    return num_segments
+
+
+#: The most segments: plans index segments and their ``S + 1`` bounds in int32.
+_MAX_SEGMENTS = int(np.iinfo(np.int32).max) - 1
 
 
 class _Empty:
@@ -236,30 +273,33 @@ class _Contiguous:
         self.static = isinstance(sizes, np.ndarray)
 
     def arrays(self):
-        """The traced arrays (replicated on a mesh); static ones stay Python constants."""
+        """The traced arrays (replicated on a mesh); static ones enter in :meth:`plan`."""
         return () if self.static else (self.sizes, self.offsets)
 
     def _shares(self, n, devices):
-        """Each device's share of static segments: ``(lo, sizes)``, each ``(devices, S)``."""
+        """Each device's share of the static segments' rows, ``(devices, S)``."""
         d = np.arange(devices)[:, None] * n
         lo = np.clip(self.offsets[None] - d, 0, n)
-        return lo, np.clip(self.offsets[None] + self.sizes[None] - d, 0, n) - lo
+        return np.clip(self.offsets[None] + self.sizes[None] - d, 0, n) - lo
 
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
-        """``(PlanSpec, arrays)`` over this device's ``n`` rows (all rows without ``axes``)."""
-        sizes, offsets = arrays or (self.sizes, self.offsets)
+        """``(PlanSpec, arrays)`` over this device's ``n`` rows (all rows without ``axes``).
+
+        Static segments keep their tile counts static (``tilings``, per device on a mesh); their
+        ``(S,)`` tables enter the fold as arrays that XLA does not constant-fold
+        (:func:`foldax._engine._plan.static_table`; on one device with the tile tables of every
+        candidate height, :func:`foldax._engine._plan.static_ends`), clipped to a device's rows
+        like traced ones on a mesh."""
+        tilings = None
         if self.static:
-            lo, sz = self._shares(n, devices)
-            spec = _engine.PlanSpec(
-                "tiles", n, self.num_segments, _engine.static_tilings(n, sz), chunk
-            )
-            if not axes:
-                return spec, (jnp.asarray(sizes, jnp.int32), jnp.asarray(offsets, jnp.int32))
-            me = _shard.device_index(axes)  # this device's row of constant (devices, S) tables
-            return spec, (jnp.asarray(sz, jnp.int32)[me], jnp.asarray(lo, jnp.int32)[me])
-        spec = _engine.PlanSpec("tiles", n, self.num_segments, None, chunk)
+            tilings = _engine.static_tilings(n, self._shares(n, devices))
+            sizes, offsets = (static_table(a) for a in (self.sizes, self.offsets))
+        else:
+            sizes, offsets = arrays or (self.sizes, self.offsets)
+        spec = _engine.PlanSpec("tiles", n, self.num_segments, tilings, chunk)
         if not axes:
-            return spec, (jnp.asarray(sizes, jnp.int32), jnp.asarray(offsets, jnp.int32))
+            ends = static_ends(self.sizes, tilings) if self.static else ()
+            return spec, (jnp.asarray(sizes, jnp.int32), jnp.asarray(offsets, jnp.int32), *ends)
         # Rows [start, start + n) are this device's: clip every segment to them.
         start = _shard.device_index(axes) * n
         lo = jnp.clip(jnp.asarray(offsets, jnp.int32) - start, 0, n)
@@ -281,8 +321,9 @@ class _Ids:
         (ids,) = arrays or (self.ids,)
         if self.sorted:
             # Traced but sorted (the caller says so): contiguous segments from the ids.
+            # (The ids are int32, normalised by _working_ids: the S + 1 bounds do not wrap.)
             b = jnp.searchsorted(
-                ids, jnp.arange(self.num_segments + 1, dtype=ids.dtype), side="left"
+                ids, jnp.arange(self.num_segments + 1, dtype=jnp.int32), side="left"
             ).astype(jnp.int32)
             spec = _engine.PlanSpec("tiles", n, self.num_segments, None, chunk)
             return spec, (jnp.diff(b), b[:-1])
@@ -478,9 +519,10 @@ _PARTITION_DOC = """
     Args:
       data: array ``(N, ...)``, or a pytree of arrays sharing the leading axis ``N`` when ``fn``
         is given. Reduced over its leading axis.
-      segment_ids: int array ``(N,)``: the segment of every row. Ids outside
-        ``[0, num_segments)`` are dropped, as in ``jax.ops``. Sorted ids (``indices_are_sorted``
-        or known at trace time) take the fast contiguous path.
+      segment_ids: int array ``(N,)`` of any integer dtype (signed or unsigned): the segment of
+        every row. Ids outside ``[0, num_segments)`` are dropped, as in ``jax.ops`` (compared
+        exactly, whatever their dtype: ``jax.ops`` converts them to int32 first). Sorted ids
+        (``indices_are_sorted`` or known at trace time) take the fast contiguous path.
       num_segments: static int. Required with traced ``segment_ids``; implied by ``sizes`` /
         ``offsets``.
       sizes: contiguous segments given by their sizes ``(S,)``, summing to ``N``. Python ints /

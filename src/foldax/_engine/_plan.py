@@ -70,6 +70,38 @@ def static_tilings(n, shares) -> tuple:
     return tuple(out)
 
 
+def static_table(table) -> jax.Array:
+    """A plan's static integer table (NumPy ``(S,)``: segment sizes, offsets or ids; values in
+    int32) as an int32 array that XLA does not constant-fold.
+
+    The tables enter the fold as arrays, and the fold computes on them (a device's share of the
+    segments, cumulative tile counts); on constants, XLA would evaluate that when it compiles,
+    element by element: tens of seconds for ~1e6 segments. So a table is built from an iota when
+    it is an arithmetic progression (one-row or equal segments, their offsets: no constant at
+    all) and is otherwise a constant behind an optimization barrier. What performance needs
+    stays static in :class:`PlanSpec` (the tile counts, ``tilings``) or is computed in NumPy
+    (:func:`static_ends`).
+    """
+    table = np.asarray(table)
+    d = np.diff(table)
+    if table.ndim == 1 and table.size > 2 and np.all(d == d[0]):
+        out = int(table[0]) + int(d[0]) * lax.iota(jnp.int32, table.size)
+    else:
+        out = jnp.asarray(table, jnp.int32)
+    return lax.optimization_barrier(out)
+
+
+def static_ends(sizes, tilings) -> tuple:
+    """The cumulative tile counts (``TilePlan.ends``) of static segment ``sizes`` ``(S,)`` for
+    every tile height of ``tilings``, as :func:`static_table` s: the extra arrays of a static
+    tile plan, so that :func:`make_plan` takes the table of the height it chooses instead of
+    summing when the fold runs (XLA:CPU takes ~10 ms for 1e6 segments). A height is a candidate
+    only where it wastes under ~4% of the ``n`` rows, so there are few tables where ``S`` is
+    large (one for one-row segments: an iota); those not chosen are dead code."""
+    sizes = np.asarray(sizes, np.int64)
+    return tuple(static_table(np.cumsum(-(-sizes // t))) for t, _ in tilings)
+
+
 def _traced_tile(n, num_segments, rows) -> int:
     """Tile height for traced sizes: assume segments near the mean size (padding ~ S*T/2)."""
     t = 1
@@ -81,20 +113,22 @@ def _traced_tile(n, num_segments, rows) -> int:
 def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
     """The plan for ``units`` rows (tiles, rows) or pairs (dense) per step.
 
-    ``arrays``: the plan's integer arrays (``(sizes, offsets)``, ``(segment_ids,)`` or ``()``);
+    ``arrays``: the plan's integer arrays (``(sizes, offsets)``, ``(segment_ids,)`` or ``()``;
+    a static tile plan may add :func:`static_ends`: ``(sizes, offsets, *ends)``);
     ``first``: the global index of row 0 (a device's offset on a mesh); ``tile``: the monoid's
     preferred dense block (its ``dense_tile``) or ``None``, used when ``y`` is walked transposed.
     """
     if spec.kind == "tiles":
         rows = spec.chunk or units
+        sizes, offsets, *known = arrays  # known: static_ends, one table per tiling
         if spec.tilings is not None:
-            tile, count = next(((t, c) for t, c in spec.tilings if t <= rows), spec.tilings[-1])
+            k = next((i for i, (t, _) in enumerate(spec.tilings) if t <= rows), -1)
+            tile, count = spec.tilings[k]
         else:
             tile = _traced_tile(spec.n, spec.num_slots, rows)
             count = spec.n // tile + spec.num_slots
         group = max(1, min(rows // tile, count))
-        sizes, offsets = arrays
-        ends = jnp.cumsum((sizes + (tile - 1)) // tile).astype(jnp.int32)
+        ends = known[k] if known else jnp.cumsum((sizes + (tile - 1)) // tile).astype(jnp.int32)
         steps = -(-count // group)
         return TilePlan(ends, offsets, sizes, spec.n, spec.num_slots, tile, group, steps, first)
     if spec.kind == "rows":
@@ -315,4 +349,14 @@ def _rows_mask(own, like, axis):
     return own.reshape((-1,) + (1,) * (like.ndim - 1 - axis))
 
 
-__all__ = ["BlockPlan", "PlanSpec", "RowPlan", "Step", "TilePlan", "make_plan", "static_tilings"]
+__all__ = [
+    "BlockPlan",
+    "PlanSpec",
+    "RowPlan",
+    "Step",
+    "TilePlan",
+    "make_plan",
+    "static_ends",
+    "static_table",
+    "static_tilings",
+]
