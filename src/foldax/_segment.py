@@ -954,7 +954,8 @@ _attach(
     "an empty segment gives 1. The state is the product of the non-zero values and the number "
     "of zeros (half precision multiplies in float32), so the gradient never divides by 0: with "
     "no zero it is ``out / v_i``, with one zero the product of the others at that zero (0 "
-    "elsewhere), with two or more zeros 0. Unlike ``jax.ops.segment_prod``, the gradient is "
+    "elsewhere), with two or more zeros 0. A zero with NaN or inf in its segment gives NaN "
+    "(0 * inf), like ``jnp.prod``. Unlike ``jax.ops.segment_prod``, the gradient is "
     "defined for repeated and unsorted ids. Integers wrap on overflow, like ``jnp.prod``.",
     """      >>> foldax.segment_prod(x, sizes=[2, 0, 3])
       Array([ 2.,  1., 60.], dtype=float32)
