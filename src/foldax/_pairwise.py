@@ -1004,7 +1004,8 @@ def pairwise_reduce(
         pair ``(logit, value)`` with a scalar real logit (``value`` any pytree of arrays, of
         any float dtypes: mixed precision is fine); for ``reduction="logsumexp"`` it may return
         a pair ``(logit, weight)`` (weights ``>= 0``): ``log sum_j w_ij exp(logit_ij)``. It may
-        close over arrays; gradients flow to them.
+        close over arrays; gradients flow to them. A random draw needs its own key per pair
+        (fold both row indices in, passing ``jnp.arange`` with ``x`` and ``y``).
       x: array or pytree of arrays with leading axis ``M`` (the rows that are kept).
       y: array or pytree of arrays with leading axis ``N`` (the rows reduced over).
       reduction: ``"sum"``, ``"logsumexp"``, ``"max"``, ``"min"``, ``"argmax"``, ``"argmin"``,

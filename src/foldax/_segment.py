@@ -531,8 +531,10 @@ _PARTITION_DOC = """
       offsets: contiguous segments given by their ``S + 1`` boundaries ``0 = o_0 <= ... <= o_S = N``
         (static or traced, like ``sizes``).
       fn: optional callable mapping a chunk of rows (same pytree as ``data``, leading axis ``C``)
-        to values ``(C, ...)``; it must act row-wise. It may close over arrays (e.g. model
-        parameters); gradients flow to them. ``fn(data)`` is never materialized whole.
+        to values ``(C, ...)``; it must act row-wise (random draws: one key per row, e.g.
+        ``jax.random.fold_in(key, i)`` with row indices ``i`` passed in ``data``). It may close
+        over arrays (e.g. model parameters, keys); gradients flow to them. ``fn(data)`` is never
+        materialized whole.
       chunk_size: static int, rows per step of the streamed loop, per element of an enclosing
         ``vmap`` (default: chosen when the computation is compiled, from the memory budget and
         the batch of every enclosing ``vmap``; see :func:`foldax.memory_budget`).
