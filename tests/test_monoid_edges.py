@@ -395,3 +395,11 @@ def test_prod_a_zero_does_not_hide_nan_or_inf(values):
     assert_allclose(foldax.segment_prod(v, ids, 1), want, dtype=np.float32)
     got = foldax.segment_prod(v, ids, 1, chunk_size=1)
     assert_allclose(got, jax.ops.segment_prod(v, ids, 1), dtype=np.float32)
+
+
+def test_empty_segment_sum_is_positive_zero():
+    """An empty segment sums to +0.0 as in jax.ops (never -0.0), eager and jitted."""
+    x = jnp.arange(1.0, 6.0, dtype=jnp.float32)
+    for f in (foldax.segment_sum, jax.jit(foldax.segment_sum, static_argnames="sizes")):
+        out = np.asarray(f(x, sizes=(2, 0, 3)))
+        assert out[1] == 0 and not np.signbit(out[1])

@@ -243,7 +243,7 @@ def test_mask_errors():
     dot = lambda a, b: jnp.sum(a * b)  # noqa: E731
     with pytest.raises(TypeError, match=r"pairwise_reduce: mask must be a callable"):
         foldax.pairwise_reduce(dot, x, x, mask=True)
-    with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) must return booleans"):
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) must return one boolean"):
         foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i + j)
     with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) failed"):
         foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i.nonexistent)

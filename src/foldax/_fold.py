@@ -2,7 +2,7 @@
 
 Every public segment reduction is :func:`fold` (rows into per-segment monoid results) or
 :func:`normalize` (one output per row: a segment softmax / log-softmax). Both build a body for
-the engine (:mod:`foldax._engine`) from the user's ``fn``, which is traced once for *one* row
+the engine (:mod:`foldax._engine`) from the user's ``fn``, which is traced once for a block of rows
 with the arrays it closes over hoisted into explicit constants (model parameters, tracers of an
 enclosing ``vmap`` or ``grad``), and ``vmap`` ped over the rows of a step: the engine chooses the
 step size when it is lowered, after every transformation, so the body must fit any step.
@@ -15,11 +15,29 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
-from . import _engine, _shard
+from . import _eager, _engine, _shard
 from ._monoid import LOGSUMEXP, _finite_or_zero
 
 #: ``fn`` is traced for blocks of this many rows (and for one row, for steps of other sizes).
 ROW_BLOCK = 8
+
+
+def example_rows(data, size, axes=()):
+    """Abstract rows of ``data`` (``size`` of them) for tracing a user's ``fn``."""
+    return jax.tree.map(lambda a: _shard.example(a, (size, *jnp.shape(a)[1:]), axes), data)
+
+
+def in_blocks(run, rows):
+    """``run`` (of blocks of :data:`ROW_BLOCK` rows: a tuple of leaves) on ``R`` rows, ``vmap`` ped
+    over the blocks; when ``R`` is not a multiple of the block, the last block is completed with
+    copies of the last row (computed, then dropped)."""
+    r = rows[0].shape[0]
+    pad = -r % ROW_BLOCK
+    if pad:
+        rows = [jnp.concatenate([a, jnp.broadcast_to(a[-1:], (pad, *a.shape[1:]))]) for a in rows]
+    blocks = [a.reshape((-1, ROW_BLOCK, *a.shape[1:])) for a in rows]
+    out = jax.vmap(run)(*blocks)
+    return jax.tree.map(lambda o: o.reshape((r + pad, *o.shape[2:]))[:r], out)
 
 
 def row_fn(fn, data, axes=()):
@@ -27,42 +45,35 @@ def row_fn(fn, data, axes=()):
     ``data``, leading axis ``R``) to values ``(R, *F)``.
 
     The engine chooses the step size when it lowers the fold, after every transformation, so
-    ``fn`` (row-wise by contract) is traced here for blocks of :data:`ROW_BLOCK` rows and for one
-    row, every array it closes over (parameters, tracers of enclosing transformations) hoisted
-    into ``consts`` (the engine differentiates with respect to them); a step ``vmap`` s the block
-    trace over its rows (or the one-row trace when ``R`` is not a multiple of the block). Blocks,
-    not single rows: XLA:CPU vectorises a ``(R / 8, 8, F)`` computation as well as ``(R, F)``,
-    but an ``(R, 1, F)`` one several times slower. On a mesh the example rows are typed as varying
-    along ``axes`` like the rows ``fn`` will meet, so that the trace records the casts its
-    constants need.
+    ``fn`` (row-wise by contract) is traced here once, for a block of :data:`ROW_BLOCK` rows,
+    every array it closes over (parameters, tracers of enclosing transformations) hoisted into
+    ``consts`` (the engine differentiates with respect to them); a step ``vmap`` s the trace over
+    its blocks of rows (:func:`in_blocks`). Blocks, not single rows: XLA:CPU vectorises a
+    ``(R / 8, 8, F)`` computation as well as ``(R, F)``, but an ``(R, 1, F)`` one several times
+    slower. On a mesh the example rows are typed as varying along ``axes`` like the rows ``fn``
+    will meet, so that the trace records the casts its constants need.
     """
-    tree = jax.tree.structure(data)
     if fn is None:
         return (lambda consts, rows: rows[0]), ()
-    traces, consts, where = {}, [], {}
-    for size in (ROW_BLOCK, 1):
-        example = jax.tree.map(
-            lambda a, s=size: _shard.example(a, (s, *jnp.shape(a)[1:]), axes), data
-        )
-        closed = jax.make_jaxpr(fn)(example)
-        for c in closed.consts:  # one list of constants for both traces, in first-seen order
-            if id(c) not in where:
-                where[id(c)] = len(consts)
-                consts.append(c)
-        traces[size] = (closed.jaxpr, [where[id(c)] for c in closed.consts])
+    tree = jax.tree.structure(data)
+    closed, consts = _eager.trace(fn, example_rows(data, ROW_BLOCK, axes))
 
     def f(consts, rows):
-        r = rows[0].shape[0]
-        size = ROW_BLOCK if r % ROW_BLOCK == 0 else 1
-        jaxpr, idx = traces[size]
-        run = jax.extend.core.jaxpr_as_fun(
-            jax.extend.core.ClosedJaxpr(jaxpr, [consts[i] for i in idx])
-        )
-        blocks = [a.reshape((r // size, size, *a.shape[1:])) for a in rows]
-        out = jax.vmap(lambda *b: run(*jax.tree.leaves(jax.tree.unflatten(tree, b)))[0])(*blocks)
-        return out.reshape((r, *out.shape[2:]))
+        return in_blocks(lambda *block: closed(consts, jax.tree.unflatten(tree, block)), rows)
 
     return f, tuple(jnp.asarray(c) for c in consts)
+
+
+def replay_rows(closed, consts):
+    """``fn`` again, from its trace on a block of rows (see :func:`foldax._eager.trace`) and
+    the arrays it closed over: a row-wise function of any number of rows."""
+    tree = closed.in_tree.children()[0]
+
+    def fn(rows):
+        run = lambda *block: closed(consts, jax.tree.unflatten(tree, block))  # noqa: E731
+        return in_blocks(run, jax.tree.leaves(rows))
+
+    return fn
 
 
 def _tiles(v, mask):
@@ -125,4 +136,4 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     return out
 
 
-__all__ = ["fold", "normalize", "row_fn"]
+__all__ = ["example_rows", "fold", "in_blocks", "normalize", "replay_rows", "row_fn"]

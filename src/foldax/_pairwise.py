@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, _engine, _shard
+from . import _checks, _eager, _engine, _shard
 from ._monoid import (
     LOGSUMEXP,
     MAX,
@@ -856,10 +856,15 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None):
     tile, monoid, cols = _tile_fn(lambda a, b, *c: replay(c)(a, b), tuple(consts), xi, yj, monoid)
     x_leaves, x_tree = jax.tree.flatten(x)
     y_leaves, y_tree = jax.tree.flatten(y)
+    nk = len(consts)
+    if mask is not None:  # the arrays the mask closes over follow the kernel's
+        closed, mask_consts = mask
+        mask = _pair_mask(closed, nk, len(mask_consts))
+        consts = [*consts, *mask_consts]
 
     def body(consts, slots, rows, mask, index):
         xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
-        return tile(consts, xb, yb), (), ()
+        return tile(consts[:nk], xb, yb), (), ()
 
     plan = _engine.PlanSpec("dense", n, m, None, block, row_axis=-1 if cols else 0)
     spec = _engine.Spec(
@@ -983,6 +988,31 @@ def _check_kernel_output(name, monoid, aval):
     monoid.check_dtype(name, "the kernel's output", aval.dtype)
 
 
+def _kernel_examples(arguments):
+    """What ``kernel`` is traced on: one row of ``x`` and one of ``y`` (pytrees of arrays)."""
+    rows = [arguments["x"], arguments["y"]]
+    if not all(isinstance(a, jax.Array | np.ndarray) and a.ndim for a in jax.tree.leaves(rows)):
+        raise TypeError("not pytrees of arrays")  # the uncached call explains
+    return tuple(_row_avals(r) for r in rows)
+
+
+def _mask_examples(arguments):
+    """What ``mask`` is traced on: one slot index and one row index."""
+    return (jax.ShapeDtypeStruct((), jnp.int32),) * 2
+
+
+#: Eager calls run one cached executable (:mod:`foldax._eager`): ``x``, ``y`` and the arrays
+#: ``kernel`` / ``mask`` close over are its inputs; every other argument is static.
+_eager_call = _eager.cached(
+    dynamic=("x", "y"),
+    hoist={
+        "kernel": _eager.Hoist(_kernel_examples),
+        "mask": _eager.Hoist(_mask_examples),
+    },
+)
+
+
+@_eager_call
 def pairwise_reduce(
     kernel: Callable[[Any, Any], Any],
     x: Any,
@@ -1013,10 +1043,12 @@ def pairwise_reduce(
         ``k`` smallest) or ``"softmax"`` (softmax-weighted sum of values: exact attention).
         Static.
       k: static int, ``0 < k <= N``, for ``"kmin"`` only.
-      mask: optional ``mask(i, j) -> bool`` of the global row indices of ``x`` and ``y``,
-        called on integer index arrays that broadcast (``i`` a column, ``j`` a row; write it
-        with ``jnp`` operations, e.g. ``lambda i, j: j <= i`` for causal attention or
-        ``lambda i, j: (j <= i) & (j > i - 256)`` for a sliding window). Pairs where it is false
+      mask: optional ``mask(i, j) -> bool`` of the global row indices of ``x`` and ``y``: one
+        boolean for one pair of int32 indices, written elementwise with ``jnp`` operations
+        (e.g. ``lambda i, j: j <= i`` for causal attention, ``lambda i, j: (j <= i) & (j > i -
+        256)`` for a sliding window, ``lambda i, j: doc[i] == doc[j]`` for packed sequences);
+        it is applied to whole tiles of indices. It may close over any arrays, also traced ones
+        (arguments of a ``jax.jit``, ``vmap`` ped arrays: each batch element its own mask). Pairs where it is false
         take no part, and a tile where it is false everywhere is skipped, forward and
         backward, so a sparse mask costs what it keeps. A row of ``x`` with every pair masked
         gives the reduction's identity (0 for sum and softmax, -inf for logsumexp, +inf / -inf
@@ -1066,7 +1098,7 @@ def pairwise_reduce(
     axes = _shard.axis_tuple(name, axis_name)
     split = None if axes else _mesh_split(name, x, y, m, n)
     if mask is not None:
-        _check_mask(name, mask, split is not None or bool(axes))
+        mask = _check_mask(name, mask, split is not None or bool(axes))
     if split is None:
         out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask)
     else:
@@ -1075,6 +1107,7 @@ def pairwise_reduce(
 
 
 def _check_mask(name, mask, on_mesh):
+    """``mask`` traced on one pair of indices: ``(Closed, consts)`` (see :func:`_pair_mask`)."""
     if not callable(mask):
         raise TypeError(f"{name}: mask must be a callable mask(i, j) -> bool, got {mask!r:.60}.")
     if on_mesh:
@@ -1082,20 +1115,35 @@ def _check_mask(name, mask, on_mesh):
             f"{name}: mask is not supported with sharded x / y or axis_name yet; call it on "
             f"one device, or fold the mask into the kernel (a -inf logit, a 0 weight)."
         )
-    i, j = jnp.arange(2, dtype=jnp.int32)[:, None], jnp.arange(3, dtype=jnp.int32)[None, :]
+    index = jax.ShapeDtypeStruct((), jnp.int32)
     try:
-        out = jax.eval_shape(mask, i, j)
+        closed, consts = _eager.trace(mask, index, index)
     except Exception as e:
         raise TypeError(
-            f"{name}: mask(i, j) failed on index arrays of shapes (2, 1) and (1, 3) (write it "
-            f"with jnp operations that broadcast, e.g. lambda i, j: j <= i): {e}"
+            f"{name}: mask(i, j) failed on a pair of int32 indices (write it elementwise with "
+            f"jnp operations, e.g. lambda i, j: j <= i): {e}"
         ) from e
-    shape = getattr(out, "shape", None)
-    if getattr(out, "dtype", None) != jnp.bool_ or shape is None or len(shape) > 2:
+    out = closed.jaxpr.outvars
+    if len(out) != 1 or out[0].aval.dtype != jnp.bool_ or out[0].aval.shape != ():
+        got = ", ".join(v.aval.str_short() for v in out) or "nothing"
         raise TypeError(
-            f"{name}: mask(i, j) must return booleans broadcasting to (len(i), len(j)), got "
-            f"{out} for index arrays of shapes (2, 1) and (1, 3)."
+            f"{name}: mask(i, j) must return one boolean per pair of indices, got {got} for "
+            f"int32 scalars i, j (compare them, e.g. lambda i, j: j <= i)."
         )
+    return closed, consts
+
+
+def _pair_mask(closed, start, count):
+    """The engine's ``pair_mask(consts, i, j)``: the user's mask (traced on one pair of
+    indices), on broadcasting index arrays, reading the arrays it closes over from the fold's
+    consts ``[start, start + count)``: whatever they are (jit arguments, vmapped arrays), they
+    are the fold's inputs, never constants of its implementation."""
+
+    def pair_mask(consts, i, j):
+        own = tuple(consts[start : start + count])
+        return jnp.vectorize(lambda a, b: closed(own, a, b))(i, j)
+
+    return pair_mask
 
 
 def _packed_values(kernel, val):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, _engine, _fold, _shard
+from . import _checks, _eager, _engine, _fold, _shard
 from ._engine._plan import static_ends, static_table
 from ._monoid import ARGMAX, ARGMIN, LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, PROD, SUM, Var
 
@@ -596,6 +596,29 @@ def _attach(fn, summary, math, returns, numerics, example, backward=_BWD_FOLD):
     return fn
 
 
+def _fn_examples(arguments):
+    """The rows ``fn`` is traced on: a block of rows of ``data`` (arrays with a leading axis)."""
+    data = arguments["data"]
+    if not all(isinstance(a, jax.Array | np.ndarray) and a.ndim for a in jax.tree.leaves(data)):
+        raise TypeError("not a pytree of arrays")  # the uncached call explains
+    return (_fold.example_rows(data, _fold.ROW_BLOCK),)
+
+
+def _fn_check(closed):
+    """``fn`` maps a block of rows to one array of values per row."""
+    (out,) = closed.jaxpr.outvars
+    if out.aval.ndim == 0 or out.aval.shape[0] != _fold.ROW_BLOCK:
+        raise ValueError("not row-wise")  # the uncached call explains
+
+
+#: Eager calls run one cached executable (:mod:`foldax._eager`): ``data`` and the arrays ``fn``
+#: closes over are its inputs; every other argument is static.
+_eager_call = _eager.cached(
+    dynamic=("data",), hoist={"fn": _eager.Hoist(_fn_examples, _fold.replay_rows, _fn_check)}
+)
+
+
+@_eager_call
 def segment_sum(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -614,6 +637,7 @@ def segment_sum(
     return _segment("foldax.segment_sum", SUM, **locals())
 
 
+@_eager_call
 def segment_mean(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -632,6 +656,7 @@ def segment_mean(
     return _segment("foldax.segment_mean", MEAN, **locals())
 
 
+@_eager_call
 def segment_max(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -650,6 +675,7 @@ def segment_max(
     return _segment("foldax.segment_max", MAX, **locals())
 
 
+@_eager_call
 def segment_min(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -668,6 +694,7 @@ def segment_min(
     return _segment("foldax.segment_min", MIN, **locals())
 
 
+@_eager_call
 def segment_logsumexp(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -686,6 +713,7 @@ def segment_logsumexp(
     return _segment("foldax.segment_logsumexp", LOGSUMEXP, **locals())
 
 
+@_eager_call
 def segment_logmeanexp(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -704,6 +732,7 @@ def segment_logmeanexp(
     return _segment("foldax.segment_logmeanexp", LOGMEANEXP, **locals())
 
 
+@_eager_call
 def segment_log_softmax(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -722,6 +751,7 @@ def segment_log_softmax(
     return _segment("foldax.segment_log_softmax", "log_softmax", **locals())
 
 
+@_eager_call
 def segment_softmax(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -740,6 +770,7 @@ def segment_softmax(
     return _segment("foldax.segment_softmax", "softmax", **locals())
 
 
+@_eager_call
 def segment_prod(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -758,6 +789,7 @@ def segment_prod(
     return _segment("foldax.segment_prod", PROD, **locals())
 
 
+@_eager_call
 def segment_argmax(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -776,6 +808,7 @@ def segment_argmax(
     return _segment("foldax.segment_argmax", ARGMAX, **locals())
 
 
+@_eager_call
 def segment_argmin(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -794,6 +827,7 @@ def segment_argmin(
     return _segment("foldax.segment_argmin", ARGMIN, **locals())
 
 
+@_eager_call
 def segment_var(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -815,6 +849,7 @@ def segment_var(
     return _segment("foldax.segment_var", op, **kw)
 
 
+@_eager_call
 def segment_std(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, _shard
+from . import _checks, _eager, _shard
 from ._monoid import promote
 from ._pairwise import _block_sizes, _monoid_for, pairwise
 
@@ -156,6 +156,7 @@ def _check_poles(name, conjugate, **pair):
         )
 
 
+@_eager.cached(dynamic=("v", "z", "w"))
 def cauchy(
     v: ArrayLike,
     z: ArrayLike,
@@ -218,6 +219,7 @@ def cauchy(
     return _distributed(name, local, (v, w, z), ("pole", "pole", "node"), batch, axis_name)
 
 
+@_eager.cached(dynamic=("v", "x"))
 def vandermonde(
     v: ArrayLike,
     x: ArrayLike,
@@ -283,6 +285,7 @@ def vandermonde(
     return _distributed(name, local, (v, x), ("pole", "pole"), batch, axis_name)
 
 
+@_eager.cached(dynamic=("u", "v", "x"))
 def vandermonde_transpose(
     u: ArrayLike,
     v: ArrayLike,

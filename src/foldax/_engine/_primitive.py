@@ -16,16 +16,18 @@ plans).
 
 Every rule produces another fold, so that every order of differentiation streams:
 
-* ``jvp`` / ``linearized``: an additive fold of ``jax.jvp(body)``, turned into the outputs'
+* ``jvp``: an additive fold of ``jax.jvp(body)``, turned into the outputs'
   tangents by ``monoid.tangent`` (the primal outputs' ``monoid.info`` enters as slots);
-* ``vjp_bwd`` / ``transpose``: an additive fold of ``jax.vjp(body)`` pulled back from the outputs'
-  cotangents (``monoid.row_cotangent``): cotangents of ``consts`` are tot sums, of ``slots``
-  slot sums, of ``rows`` row buffers;
+* ``transpose`` (``jax.grad`` is ``jvp`` then ``transpose``): an additive fold of
+  ``jax.vjp(body)`` pulled back from the outputs' cotangents (``monoid.row_cotangent``):
+  cotangents of ``consts`` are tot sums, of ``slots`` slot sums, of ``rows`` row buffers. The
+  transpose of a tangent fold is its parent's cotangent fold;
 * ``batch``: :class:`Batched`, which ``vmap`` s the fold's implementation after scaling its plan
   for the batch (the planner sees every enclosing ``vmap``), and derives its rules from the
   unbatched instance's.
 
-Nothing per step is saved between passes: the residuals of every rule are its inputs and the
+The primitive itself (how JAX sees a fold) is in :mod:`._registration`. Nothing per step is
+saved between passes: the residuals of every rule are its inputs and the
 small per-slot outputs.
 """
 
@@ -41,11 +43,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental.hijax import ShapedArray, VJPHiPrimitive, Zero
+from jax.core import ShapedArray
+from jax.interpreters.ad import Zero
 
 from .. import _shard
 from ._budget import CPU_STEP, DEFAULT_BUDGET
 from ._plan import PlanSpec, make_plan
+from ._registration import Primitive
 
 # ----------------------------------------------------------------------------------------------
 # The static description of an instance
@@ -62,7 +66,8 @@ class Spec:
     ``axes``: mesh axes splitting the rows (slot states are all-reduced); ``ring``: mesh axes
     splitting rows and slots (the rows go round the devices). ``slot_psum``: psum an additive
     fold's slot sums over ``axes`` (the tangent of an all-reduced output). ``pair_mask``
-    (dense plans): ``pair_mask(i, j) -> bool`` of broadcasting global slot and row indices;
+    (dense plans): ``pair_mask(consts, i, j) -> bool`` of the fold's consts (a derived fold's
+    begin with its parent's) and broadcasting global slot and row indices;
     pairs where it is false take no part, and a tile where it is false everywhere is skipped
     (not computed), in this fold and in every fold derived from it.
     """
@@ -78,6 +83,7 @@ class Spec:
     slot_psum: bool = False
     name: str = "foldax"
     pair_mask: Callable | None = None
+    origin: Any = None  # (parent rule, Shape) of a tangent fold: its transpose is the parent's vjp
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)
@@ -325,7 +331,9 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
         s = plan.load(rows, t)
         if spec.pair_mask is not None:
             i = s.slots + jnp.arange(s.mask.shape[0], dtype=jnp.int32)
-            keep = jnp.broadcast_to(spec.pair_mask(i[:, None], s.index[None, :]), s.mask.shape)
+            keep = jnp.broadcast_to(
+                spec.pair_mask(consts, i[:, None], s.index[None, :]), s.mask.shape
+            )
             s = dataclasses.replace(s, mask=s.mask & keep)
         return (update(plan, s, carry, block), t + 1), None
 
@@ -361,7 +369,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
                 init = (init, ti * plan.steps_j)
                 (st_b, tot, bufs), _ = lax.scan(inner, init, None, length=plan.steps_j)[0]
             else:  # only the blocks of y the mask keeps something of
-                live = _live_blocks(spec.pair_mask, plan, ti)
+                live = _live_blocks(functools.partial(spec.pair_mask, consts), plan, ti)
                 order = jnp.nonzero(live, size=plan.steps_j, fill_value=0)[0].astype(jnp.int32)
                 t0 = ti * plan.steps_j
                 visit = lambda k, c2: step(plan, rows, (c2, t0 + order[k]), None, True)[0][0]  # noqa: E731
@@ -396,7 +404,9 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
 
 
 def _not_before(carry, inputs):
-    """``carry`` made to depend on ``inputs`` (its values unchanged: ``x + -0.0 == x``).
+    """``carry`` made to depend on ``inputs`` (its values unchanged: ``x + 0.0 == x`` for the
+    states a fold starts from, and an empty segment's sum stays ``+0.0`` whether or not XLA
+    drops the addition).
 
     A fold's initial states are constants; XLA:CPU's scheduler makes such buffers at the start
     of the program, so the accumulators of every fold in a gradient (each as large as its
@@ -415,7 +425,7 @@ def _not_before(carry, inputs):
     def zero_after(a):
         if not jnp.issubdtype(a.dtype, jnp.inexact):
             return a
-        return a + jnp.where(unknown, jnp.zeros((), a.dtype), -jnp.zeros((), a.dtype))
+        return a + jnp.where(unknown, -jnp.zeros((), a.dtype), jnp.zeros((), a.dtype))
 
     return jax.tree.map(zero_after, carry)
 
@@ -579,7 +589,7 @@ def _unflag(picked, nz, nc, ns):
 # The primitive
 
 
-class _Rules(VJPHiPrimitive):
+class _Rules(Primitive):
     """Differentiation and batching rules shared by :class:`Fold` and :class:`Batched`: each
     rule derives another fold (``derive``) and calls it."""
 
@@ -618,21 +628,9 @@ class _Rules(VJPHiPrimitive):
         outs = self(*primals)
         return outs, self._tangents(primals, outs, tangents)
 
-    def lin(self, nzs_in, *args):
-        outs = self(*args)
-        return outs, (args, outs)
-
-    def linearized(self, residuals, *tangents):
-        args, outs = residuals
-        return self._tangents(args, outs, tangents)
-
     # -- reverse mode --------------------------------------------------------------------------
 
-    def vjp_fwd(self, nzs_in, *args):
-        outs = self(*args)
-        return outs, (args, outs)
-
-    def _cotangents(self, args, outs, g, nz):
+    def _cotangents(self, args, outs, g, nz, info=None):
         """Cotangents ``(consts, slots, rows)`` (``None`` where not wanted) from the outputs'."""
         arrays, consts, slots, rows = args
         # Integer inputs (counts, indices, keys) take no cotangent: a symbolic zero, never a
@@ -650,7 +648,8 @@ class _Rules(VJPHiPrimitive):
         g_slot = self.prepare_slot_cotangents(_pick(g_leaves[:no], gnz[:no]))
         g_tot = _pick(g_leaves[no : no + nt], gnz[no : no + nt])
         g_row = _pick(g_leaves[no + nt :], gnz[no + nt :])
-        info = self.info(outs) if self.num_info() else ()
+        if info is None:
+            info = self.info(outs) if self.num_info() else ()
         derived = self.derive("vjp", self._shape(nz, gnz))
         ct_s, ct_c, ct_r = derived(
             arrays, (*consts, *g_tot), (*slots, *info, *g_slot), (*rows, *g_row)
@@ -664,17 +663,48 @@ class _Rules(VJPHiPrimitive):
         )
         return self.finish_cotangents(args, cts)
 
-    def vjp_bwd(self, res, outgrad, *arg_accums):
-        args, outs = res
-        accums = [a for part in arg_accums[1:] for a in part]
-        cts = self._cotangents(args, outs, outgrad, tuple(_wants(a) for a in accums))
-        _accumulate(accums, cts)
+    def _tangent_parent(self):
+        """``(parent, shape)`` if this fold is the tangent fold (``derive("jvp", shape)``) of
+        ``parent``, batched like this one; else None."""
+        if isinstance(self, Batched):
+            got = self.inner._tangent_parent()
+            if got is None:
+                return None
+            parent, shape = got
+            a, c, s, r = self.dims
+            dims = (a, c[: shape.nc], s[: shape.ns], r[: shape.nr])
+            return Batched(parent, self.size, dims), shape
+        return self.spec.origin
 
     def transpose(self, out_ct, *args):
-        """Transpose in the arguments given as accumulators (an additive fold is linear in its
-        tangent or cotangent inputs): the cotangent fold, at zeros for them."""
+        """Transpose in the arguments given as accumulators (``jax.grad`` is ``jvp`` then this).
+        A tangent fold transposed in all of its tangents is the parent's cotangent fold; any
+        other additive fold is linear in its tangent or cotangent inputs (``_transpose_linear``)."""
+        got = self._tangent_parent()
+        if got is None or not self._transpose_tangent_fold(*got, out_ct, args):
+            self._transpose_linear(out_ct, *args)
+
+    def _transpose_tangent_fold(self, parent, shape, out_ct, args) -> bool:
+        """The parent's cotangent fold (mesh handling included), when exactly the tangent
+        inputs are being transposed; False (nothing done) otherwise."""
+        arrays, consts, slots, rows = args
+        nc, ns, ni, nr = shape.nc, shape.ns, shape.ni, shape.nr
+        tangents = [*consts[nc:], *slots[ns + ni :], *rows[nr:]]
+        primals = [*consts[:nc], *slots[: ns + ni], *rows[:nr]]
+        if not all(_is_accum(t) for t in tangents) or any(_is_accum(p) for p in primals):
+            return False
+        p_args = (arrays, tuple(consts[:nc]), tuple(slots[:ns]), tuple(rows[:nr]))
+        g = out_ct if parent.spec.monoid is None else _parent_cotangent(parent, out_ct[0])
+        cts = parent._cotangents(p_args, None, g, shape.nz, info=tuple(slots[ns : ns + ni]))
+        if cts is not None:
+            flat = [c for part in cts for c in part]
+            _accumulate_flat(tangents, [c for c, f in zip(flat, shape.nz, strict=True) if f])
+        return True
+
+    def _transpose_linear(self, out_ct, *args):
+        """The cotangent fold at zeros for the arguments being transposed."""
         flat = [a for part in args[1:] for a in part]
-        nz = tuple(_wants(a) for a in flat)
+        nz = tuple(_is_accum(a) for a in flat)
         vals = [jnp.zeros(a.aval.shape, a.aval.dtype) if _is_accum(a) else a for a in flat]
         nc, ns, _ = self._counts()
         parts = (tuple(vals[:nc]), tuple(vals[nc : nc + ns]), tuple(vals[nc + ns :]))
@@ -707,18 +737,24 @@ def _is_accum(a) -> bool:
     return hasattr(a, "accum") and hasattr(a, "freeze")
 
 
-def _wants(acc) -> bool:
-    """Whether a backward / transpose argument is an accumulator that wants a cotangent."""
-    return _is_accum(acc) and type(acc).__name__ != "NullAccum"
-
-
 def _accumulate(accums, cts):
-    if cts is None:
-        return
-    flat = [c for part in cts for c in part]
+    if cts is not None:
+        _accumulate_flat(accums, [c for part in cts for c in part])
+
+
+def _accumulate_flat(accums, flat):
     for acc, ct in zip(accums, flat, strict=True):
-        if ct is not None and _wants(acc):
+        if ct is not None and _is_accum(acc):
             acc.accum(ct)
+
+
+def _parent_cotangent(parent, slot_cts):
+    """The parent's output cotangents from its tangent fold's: that fold's slot outputs are
+    the parent's float slot outputs."""
+    it = iter(slot_cts)
+    zero = lambda a: Zero(a.to_tangent_aval())  # noqa: E731
+    slot = tuple(next(it) if _is_float(a) else zero(a) for a in parent.out_aval[0])
+    return (slot, *(tuple(map(zero, part)) for part in parent.out_aval[1:]))
 
 
 def _parts(flat, nz, nc, ns):
@@ -762,7 +798,10 @@ class Fold(_Rules):
             psum = spec.monoid is not None or spec.slot_psum
         else:
             body, psum = _vjp_body(spec, shape, self.out_aval), False
-        return _Derived(spec.replace(body=body, monoid=None, fill=0.0, slot_psum=psum))
+        origin = (self, shape) if kind == "jvp" else None
+        return _Derived(
+            spec.replace(body=body, monoid=None, fill=0.0, slot_psum=psum, origin=origin)
+        )
 
     def prepare_slot_cotangents(self, g_slot):
         if self.spec.monoid is not None and self.spec.axes:

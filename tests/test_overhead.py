@@ -1,0 +1,226 @@
+"""What a call costs beside its work: jitted calls take JAX's C++ dispatch path, eager calls run a
+cached executable (never with stale values), and a long loop of eager calls keeps its memory."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_allclose
+
+import foldax
+from foldax import _eager
+
+RNG = np.random.default_rng(0)
+X = jnp.asarray(RNG.standard_normal((40, 3)), jnp.float32)
+IDS = jnp.asarray(np.sort(RNG.integers(0, 5, 40)), jnp.int32)
+
+
+def _count_calls(name, f, n=10):
+    """How many times a Python function called ``name`` runs during ``n`` calls of ``f``."""
+    count = 0
+
+    def prof(frame, event, arg):
+        nonlocal count
+        if event == "call" and frame.f_code.co_name == name:
+            count += 1
+
+    sys.setprofile(prof)
+    try:
+        for _ in range(n):
+            out = f()
+    finally:
+        sys.setprofile(None)
+    jax.block_until_ready(out)
+    return count
+
+
+class _Compiles:
+    """Counts XLA compilations while active."""
+
+    def __enter__(self):
+        self.count = 0
+        self._listener = lambda event, *a, **k: self._seen(event)
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def _seen(self, event):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
+def _seg(x):
+    return foldax.segment_sum(x, IDS, num_segments=5, fn=lambda r: jnp.tanh(r) * 2.0)
+
+
+def _pair(x):
+    return foldax.pairwise_reduce(lambda a, b: jnp.sum((a - b) ** 2), x, x, reduction="min")
+
+
+@pytest.mark.parametrize(
+    "f, x",
+    [
+        (jax.jit(_seg), X),
+        (jax.jit(jax.grad(lambda x: _seg(x).sum())), X),
+        (jax.jit(jax.vmap(_seg)), jnp.stack([X, -X])),
+        (jax.jit(jax.grad(lambda x: _pair(x).sum())), X),
+    ],
+    ids=["segment", "grad", "vmap", "pairwise-grad"],
+)
+def test_jitted_calls_take_the_fast_path(f, x):
+    """A jitted function with folds in it is an ordinary (low) jaxpr, so after its first call
+    JAX dispatches it from C++: no Python ``cache_miss`` per call."""
+    f(x)
+    assert getattr(jax.make_jaxpr(f)(x).jaxpr, "is_high", False) is False
+    assert _count_calls("cache_miss", lambda: f(x)) == 0
+
+
+def test_eager_calls_reuse_their_executable():
+    _eager.CACHE.clear()
+    ref = jax.ops.segment_sum(X, IDS, num_segments=5)
+    foldax.segment_sum(X, IDS, num_segments=5)
+    with _Compiles() as c:
+        for _ in range(5):
+            out = foldax.segment_sum(X, IDS, num_segments=5)
+            # a fresh lambda with the same code: the same structure, the same executable
+            out_fn = foldax.segment_sum(X, IDS, num_segments=5, fn=lambda r: r * 2.0)
+    assert_allclose(out, ref, dtype=jnp.float32)
+    assert_allclose(out_fn, 2 * ref, dtype=jnp.float32)
+    assert c.count <= 1  # the fn version's first call only
+    assert len(_eager.CACHE) == 2
+
+
+def test_eager_calls_never_use_stale_closed_over_values():
+    w = jnp.ones(3, jnp.float32)
+
+    def fn(r):
+        return r * w  # reads the cell each call
+
+    values = [jnp.full(3, 3.0, jnp.float32), jnp.asarray([1.0, -1.0, 0.5], jnp.float32)]
+    first = foldax.segment_sum(X, IDS, num_segments=5, fn=fn)
+    with _Compiles() as c:
+        w = values[0]
+        second = foldax.segment_sum(X, IDS, num_segments=5, fn=fn)
+        w = values[1]
+        third = foldax.segment_sum(X, IDS, num_segments=5, fn=fn)
+    assert c.count == 0  # new values are arguments of the same executable
+    assert_allclose(second, 3 * first, dtype=jnp.float32)
+    assert_allclose(third, first * values[1], dtype=jnp.float32)
+
+
+_SCALE = 2.0
+
+
+def _reads_global(r):
+    return r * _SCALE
+
+
+def test_eager_calls_see_rebound_globals_and_new_structure():
+    global _SCALE
+    _SCALE = 2.0
+    a = foldax.segment_sum(X, IDS, num_segments=5, fn=_reads_global)
+    _SCALE = 5.0  # a Python float: a literal of the trace, so a new structure (a new entry)
+    b = foldax.segment_sum(X, IDS, num_segments=5, fn=_reads_global)
+    _SCALE = 2.0
+    assert_allclose(b, 2.5 * a, dtype=jnp.float32)
+
+
+def test_eager_kernel_and_mask_closures_are_inputs():
+    y = jnp.asarray(RNG.standard_normal((30, 3)), jnp.float32)
+    keep = jnp.asarray(RNG.integers(0, 2, 30), jnp.int32)
+    sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+
+    def dense(s, kept):
+        d = np.asarray(((X[:, None] * s - y[None]) ** 2).sum(-1))
+        return np.where(np.asarray(kept)[None, :] == 1, d, np.inf).min(1)
+
+    def call(scale, kept):  # fresh closures over new arrays: the same executable
+        return foldax.pairwise_reduce(
+            lambda a, b: sq(a * scale, b), X, y, reduction="min", mask=lambda i, j: kept[j] == 1
+        )
+
+    for s in (1.0, 3.0):
+        for kept in (keep, 1 - keep):
+            assert_allclose(call(jnp.float32(s), kept), dense(s, kept), dtype=jnp.float32)
+
+
+def test_eager_cache_keys_budget_static_ids_and_checks():
+    _eager.CACHE.clear()
+    foldax.segment_sum(X, IDS, num_segments=5)
+    with foldax.memory_budget("1MB"):
+        foldax.segment_sum(X, IDS, num_segments=5)
+    with foldax.debug_checks():
+        foldax.segment_sum(X, IDS, num_segments=5)
+    assert len(_eager.CACHE) == 3
+    other = np.sort(RNG.integers(0, 5, 40))  # known ids: keyed by content, so never mixed up
+    for ids in (np.asarray(IDS), other, other[::-1].copy()):
+        got = foldax.segment_sum(X, ids, num_segments=5)
+        assert_allclose(
+            got, jax.ops.segment_sum(X, jnp.asarray(ids), num_segments=5), dtype=jnp.float32
+        )
+    sizes = [10, 0, 30]
+    assert_allclose(foldax.segment_max(X, sizes=sizes)[0], X[:10].max(0), dtype=jnp.float32)
+    sizes[0], sizes[2] = 30, 10  # a list mutated between calls
+    assert_allclose(foldax.segment_max(X, sizes=sizes)[0], X[:30].max(0), dtype=jnp.float32)
+
+
+def test_traced_calls_bypass_the_cache():
+    _eager.CACHE.clear()
+    jax.jit(lambda x: foldax.segment_sum(x, IDS, num_segments=5))(X)
+    jax.grad(lambda t: foldax.segment_sum(X, IDS, num_segments=5, fn=lambda r: r * t).sum())(1.0)
+    assert len(_eager.CACHE) == 0
+
+
+def test_eager_errors_are_the_uncached_ones():
+    with pytest.raises(ValueError, match=r"foldax\.segment_sum: .*sizes"):
+        foldax.segment_sum(X, sizes=[1, 2])
+    with pytest.raises(TypeError, match="fn must return one array"):
+        foldax.segment_sum(X, sizes=[40], fn=lambda r: (r, r))
+    with pytest.raises(TypeError, match="kernel"):
+        foldax.pairwise_reduce(lambda a: a, X, X)
+
+
+def test_structure_keys():
+    ex = jax.ShapeDtypeStruct((8, 3), jnp.float32)
+    key = lambda f: _eager.trace(f, ex)[0]  # noqa: E731
+    assert key(lambda r: jax.nn.relu(r) * 2.0) == key(lambda r: jax.nn.relu(r) * 2.0)
+    assert key(lambda r: r * 2.0) != key(lambda r: r * 3.0)
+    assert key(lambda r: r * 2.0) != key(lambda r: r + 2.0)
+    assert key(lambda r: jnp.sort(r, axis=0)) != key(lambda r: jnp.sort(r, axis=1))
+    lookup = jnp.arange(3.0)
+    other = lookup + 1
+    c1, consts = _eager.trace(lambda r: r * lookup, ex)
+    assert len(consts) == 1 and c1 == _eager.trace(lambda r: r * other, ex)[0]
+
+
+def _rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_many_eager_calls_keep_host_memory():
+    """1,000 eager calls (a fresh lambda closing over a fresh array each time, as a loop in a
+    notebook does) leave host memory where 10 calls left it."""
+
+    def call(i):
+        w = jnp.full(3, float(i))
+        a = foldax.segment_max(X, IDS, num_segments=5, fn=lambda r: r * w)
+        b = foldax.segment_logsumexp(X, IDS, num_segments=5)
+        return a, b
+
+    for i in range(10):
+        jax.block_until_ready(call(i))
+    gc.collect()
+    before = _rss_mb()
+    for i in range(1000):
+        jax.block_until_ready(call(i))
+    gc.collect()
+    assert _rss_mb() - before < 8
