@@ -396,3 +396,27 @@ def test_k_numpy_int_and_no_rows():
     assert vals.shape == idx.shape == (4, 2)
     with pytest.raises(ValueError, match=r"N = 0.*at least k rows"):
         foldax.pairwise_reduce(_dot, X, Y[:0], reduction="kmin", k=1)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5, 8, 9])
+def test_kmin_topk_merge_over_many_tiles_and_blocks(rng, k):
+    """Rows with one, two or many candidates per tile (ties, +inf, NaN, a mask), narrow tiles
+    so that more rows need a tile's top k than one gathered block holds (k up to
+    ``KMin.TOPK_UP_TO``; above, the entry-by-entry path), against a stable sort."""
+    m, n = 150, 700
+    d = rng.integers(0, 40, (m, n)).astype(np.float32)
+    u = rng.random((m, n))
+    d = np.where(u < 0.05, np.inf, np.where(u > 0.97, np.nan, d))
+    d[:5] = np.sort(d[:5], axis=1)[:, ::-1]  # descending rows: every tile beats the last
+    x, y = _rows(m, n)
+    keep = lambda i, j: (i + j) % 7 != 0  # noqa: E731
+    valid = (np.arange(m)[:, None] + np.arange(n)[None, :]) % 7 != 0
+    for block in ((64, 32), (150, 128), None):
+        vals, idx = jax.jit(
+            lambda d, block=block: foldax.pairwise_reduce(
+                _lookup(d), x, y, reduction="kmin", k=k, block_size=block, mask=keep
+            )
+        )(jnp.asarray(d))
+        ref_vals, ref_idx = ref_kmin(d, k, valid)
+        np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"{block}")
+        np.testing.assert_array_equal(np.asarray(vals), ref_vals, err_msg=f"{block}")

@@ -741,7 +741,11 @@ NOTES = {
 
 
 def _fmt_time(s):
-    return "n/a" if s is None else f"{s * 1e3:.1f} ms"
+    if s is None:
+        return "n/a"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
 
 
 def _fmt_err(e):
@@ -883,6 +887,7 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
                     f"{r['seconds'] / plain['seconds']:.2f}x",
                 )
             )
+    out += _overhead_headlines(results)
     for p in ("forward", "gradient"):
         one = _pick(results, "sharded", "1 device(s)", p)
         eight = next(
@@ -899,6 +904,31 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
                     f"ragged logsumexp {one['case']} on {eight['devices']} host devices, {p} (per device)",
                     f"arguments {format_bytes(eight['argument_bytes'])} vs {format_bytes(one['argument_bytes'])}, temp {format_bytes(eight['temp_bytes'])} vs {format_bytes(one['temp_bytes'])}",
                     f"{eight['seconds'] / one['seconds']:.2f}x",
+                )
+            )
+    return out
+
+
+def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
+    """The overhead rows a user meets first: eager and jitted calls of ``segment_sum``, an eager
+    pairwise call, and the compile times of the nearest-neighbour and ragged programs."""
+    rows = results["workloads"].get("overhead", [])
+    out = []
+    for r in rows:
+        first = (r["case"].startswith("segment_sum") and r["pass"] != "compile") or (
+            r["case"].startswith("pairwise") and r["pass"] == "eager call"
+        )
+        compile_only = r["case"].startswith(("nearest", "ragged")) and r["pass"] == "compile"
+        if r["impl"] != "foldax" or not (first or compile_only):
+            continue
+        peer = _base(rows, r, BASELINE["overhead"])
+        if peer and peer["seconds"]:
+            secs = _fmt_time(r["seconds"]) + " vs " + _fmt_time(peer["seconds"])
+            out.append(
+                (
+                    f"{r['pass']}: {r['case']}",
+                    "",
+                    f"{r['seconds'] / peer['seconds']:.2f}x ({secs})",
                 )
             )
     return out
