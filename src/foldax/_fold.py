@@ -18,7 +18,7 @@ import numpy as np
 from . import _eager, _engine, _shard
 from ._monoid import LOGSUMEXP, _finite_or_zero
 
-#: ``fn`` is traced for blocks of this many rows (and for one row, for steps of other sizes).
+#: ``fn`` is traced for a block of this many rows; a step runs it on its rows block by block.
 ROW_BLOCK = 8
 
 

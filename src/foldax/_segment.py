@@ -475,7 +475,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, per_row):
     """Run ``local`` under ``shard_map``: rows (``data``, ids) split over ``axes``; traced
     ``sizes`` / ``offsets`` and the arrays ``fn`` closes over are replicated.
 
-    ``fn`` is traced here for one row and replayed inside (``vmap`` ped), with the arrays it
+    ``fn`` is traced here for a block of rows and replayed inside (``vmap`` ped), with the arrays it
     closes over passed in explicitly (``shard_map`` cannot close over arrays on Explicit axes).
     The ``shard_map`` leaves varying-axes typing off (``check_vma=False``): a replayed trace has
     untyped constants; the fold's rules follow the matching cotangent convention.

@@ -69,7 +69,9 @@ class Spec:
     (dense plans): ``pair_mask(consts, i, j) -> bool`` of the fold's consts (a derived fold's
     begin with its parent's) and broadcasting global slot and row indices;
     pairs where it is false take no part, and a tile where it is false everywhere is skipped
-    (not computed), in this fold and in every fold derived from it.
+    (not computed), in this fold and in every fold derived from it. ``origin``: for a tangent
+    fold (``derive("jvp", shape)``), ``(parent rule, shape)``: transposed in all its tangents,
+    it is the parent's cotangent fold.
     """
 
     plan: PlanSpec
@@ -83,7 +85,7 @@ class Spec:
     slot_psum: bool = False
     name: str = "foldax"
     pair_mask: Callable | None = None
-    origin: Any = None  # (parent rule, Shape) of a tangent fold: its transpose is the parent's vjp
+    origin: Any = None
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)
