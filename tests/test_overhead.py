@@ -224,3 +224,13 @@ def test_many_eager_calls_keep_host_memory():
         jax.block_until_ready(call(i))
     gc.collect()
     assert _rss_mb() - before < 8
+
+
+def test_eager_calls_with_no_rows():
+    """Empty data with an ``fn``: the cached call gives the identity, as the uncached one."""
+    x = jnp.zeros((0, 3), jnp.float32)
+    for _ in range(2):
+        got = foldax.segment_sum(x, sizes=[0, 0], fn=lambda r: r * 2.0)
+        assert_allclose(got, np.zeros((2, 3)), dtype=jnp.float32)
+        lse = foldax.segment_logsumexp(x, jnp.zeros((0,), jnp.int32), 2, fn=lambda r: r.sum(-1))
+        assert_allclose(lse, np.full(2, -np.inf), dtype=jnp.float32)

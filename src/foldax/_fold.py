@@ -35,7 +35,7 @@ def in_blocks(run, rows):
     pad = -r % ROW_BLOCK
     if pad:
         rows = [jnp.concatenate([a, jnp.broadcast_to(a[-1:], (pad, *a.shape[1:]))]) for a in rows]
-    blocks = [a.reshape((-1, ROW_BLOCK, *a.shape[1:])) for a in rows]
+    blocks = [a.reshape(((r + pad) // ROW_BLOCK, ROW_BLOCK, *a.shape[1:])) for a in rows]
     out = jax.vmap(run)(*blocks)
     return jax.tree.map(lambda o: o.reshape((r + pad, *o.shape[2:]))[:r], out)
 
