@@ -13,7 +13,7 @@ import pytest
 from helpers import assert_allclose
 
 import foldax
-from foldax import _eager
+from foldax import _closure, _eager
 
 RNG = np.random.default_rng(0)
 X = jnp.asarray(RNG.standard_normal((40, 3)), jnp.float32)
@@ -189,15 +189,15 @@ def test_eager_errors_are_the_uncached_ones():
 
 def test_structure_keys():
     ex = jax.ShapeDtypeStruct((8, 3), jnp.float32)
-    key = lambda f: _eager.trace(f, ex)[0]  # noqa: E731
+    key = lambda f: _closure.trace(f, ex)[0]  # noqa: E731
     assert key(lambda r: jax.nn.relu(r) * 2.0) == key(lambda r: jax.nn.relu(r) * 2.0)
     assert key(lambda r: r * 2.0) != key(lambda r: r * 3.0)
     assert key(lambda r: r * 2.0) != key(lambda r: r + 2.0)
     assert key(lambda r: jnp.sort(r, axis=0)) != key(lambda r: jnp.sort(r, axis=1))
     lookup = jnp.arange(3.0)
     other = lookup + 1
-    c1, consts = _eager.trace(lambda r: r * lookup, ex)
-    assert len(consts) == 1 and c1 == _eager.trace(lambda r: r * other, ex)[0]
+    c1, consts = _closure.trace(lambda r: r * lookup, ex)
+    assert len(consts) == 1 and c1 == _closure.trace(lambda r: r * other, ex)[0]
 
 
 def _rss_mb():

@@ -15,7 +15,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
-from . import _eager, _engine, _shard
+from . import _closure, _engine, _shard
 from ._monoid import LOGSUMEXP, _finite_or_zero
 
 #: ``fn`` is traced for a block of this many rows; a step runs it on its rows block by block.
@@ -56,7 +56,7 @@ def row_fn(fn, data, axes=()):
     if fn is None:
         return (lambda consts, rows: rows[0]), ()
     tree = jax.tree.structure(data)
-    closed, consts = _eager.trace(fn, example_rows(data, ROW_BLOCK, axes))
+    closed, consts = _closure.trace(fn, example_rows(data, ROW_BLOCK, axes))
 
     def f(consts, rows):
         return in_blocks(lambda *block: closed(consts, jax.tree.unflatten(tree, block)), rows)
@@ -65,7 +65,7 @@ def row_fn(fn, data, axes=()):
 
 
 def replay_rows(closed, consts):
-    """``fn`` again, from its trace on a block of rows (see :func:`foldax._eager.trace`) and
+    """``fn`` again, from its trace on a block of rows (see :func:`foldax._closure.trace`) and
     the arrays it closed over: a row-wise function of any number of rows."""
     tree = closed.in_tree.children()[0]
 

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from . import _checks, _eager, _engine, _shard
+from . import _checks, _closure, _eager, _engine, _shard
 from ._monoid import (
     LOGSUMEXP,
     MAX,
@@ -184,8 +184,14 @@ def _first_index(hit, index):
     where there is none. A float32 min over column numbers: vectorised, unlike a variadic
     argmin or an int32 min on XLA:CPU."""
     t = hit.shape[1]
-    pos = jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
+    pos = _first_column(hit)
     return jnp.where(pos < t, jnp.take(index, jnp.minimum(pos, t - 1)), _NO_INDEX)
+
+
+def _first_column(hit):
+    """The first true column of ``hit`` ``(G, T, *F)`` per slot (``T`` where there is none)."""
+    t = hit.shape[1]
+    return jnp.min(jnp.where(hit, _columns(hit.shape), jnp.float32(t)), axis=1).astype(jnp.int32)
 
 
 #: columns whose hits :func:`_hits` counts in one float32 number: its sums stay exact
@@ -420,6 +426,16 @@ def _merge_best(keys, idx, best):
     return pick(keys, bk), pick(idx, bi)
 
 
+def _block_rows(need, rank, cap, start=0):
+    """``(cap,)``: slot ``s`` holds the ``(start + s)``-th row that ``need`` s it (``rank``: each
+    row's count of needing rows before it, itself included, less one); ``len(need)`` where
+    there is none (out of range: reads are clamped, writes dropped)."""
+    rows = need.shape[0]
+    slot = jnp.where(need & (rank >= start), rank - start, cap)  # never negative
+    at = jnp.full((cap,), rows, jnp.int32)
+    return at.at[slot].set(jnp.arange(rows, dtype=jnp.int32), mode="drop")
+
+
 @jax.tree_util.register_pytree_node_class
 class _Tile:
     """A tile's values as :meth:`KMin.reduce` hands them on: they are merged into the running k
@@ -531,8 +547,7 @@ class KMin(_ValuesAndIndices, Monoid):
         the tile's k best (:meth:`_merge_many`). (Also vectorising rows with three, from a max
         over the columns, compiled no faster and ran slower.)"""
         v, index = tile.v, tile.index
-        col = _columns(hit.shape)
-        first = jnp.min(jnp.where(hit, col, jnp.float32(hit.shape[1])), axis=1).astype(jnp.int32)
+        first = _first_column(hit)
         few = c <= 2
         keys, idx = _insert_at(keys, idx, v, index, few & (c >= 1), first)
         keys, idx = _insert_at(keys, idx, v, index, c == 2, colsum - first)
@@ -547,11 +562,9 @@ class KMin(_ValuesAndIndices, Monoid):
         cap = min(self.CAPACITY, rows)
         rank = jnp.cumsum(need.astype(jnp.int32)) - 1
 
-        def block(b, st):  # slot s of block b holds the (b * cap + s)-th row that needs it
+        def block(b, st):
             keys, idx = st
-            slot = jnp.where(need & (rank >= b * cap), rank - b * cap, cap)  # never < 0
-            at = jnp.full((cap,), rows, jnp.int32)
-            at = at.at[slot].set(jnp.arange(rows, dtype=jnp.int32), mode="drop")
+            at = _block_rows(need, rank, cap, b * cap)
             a = jnp.minimum(at, rows - 1)
             kb, ib = _merge_best(keys[a], idx[a], _tile_best(v[a], mask[a], index, self.k))
             return keys.at[at].set(kb, mode="drop"), idx.at[at].set(ib, mode="drop")
@@ -582,11 +595,7 @@ class KMin(_ValuesAndIndices, Monoid):
 
         def gathered(cap):
             def run(keys, idx):
-                # slot s of the block holds the s-th row that needs it
-                at = jnp.full((cap,), rows, jnp.int32)
-                at = at.at[jnp.where(need, rank, cap)].set(
-                    jnp.arange(rows, dtype=jnp.int32), mode="drop"
-                )
+                at = _block_rows(need, rank, cap)
                 a, live = jnp.minimum(at, rows - 1), at < rows
                 vb, mb, kb, ib = v[a], mask[a], keys[a], idx[a]
                 # few candidates, not yet drained: each, in column order
@@ -1229,7 +1238,7 @@ def _check_mask(name, mask, on_mesh):
         )
     index = jax.ShapeDtypeStruct((), jnp.int32)
     try:
-        closed, consts = _eager.trace(mask, index, index)
+        closed, consts = _closure.trace(mask, index, index)
     except Exception as e:
         raise TypeError(
             f"{name}: mask(i, j) failed on a pair of int32 indices (write it elementwise with "

@@ -27,13 +27,15 @@ reduced result's cotangent is summed before use and input cotangents stay local 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import jax
-import jax.extend
 from jax import lax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
+
+from ._closure import trace
 
 
 def varying(x) -> frozenset:
@@ -225,14 +227,10 @@ def replayable(fn, *examples):
     ``fn`` / ``kernel`` closes over enter it as (replicated) inputs instead.
     """
     with unmeshed():
-        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*examples)
-    out_tree = jax.tree.structure(out_shape)
-
-    def replay(consts):
-        run = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(closed.jaxpr, consts))
-        return lambda *args: jax.tree.unflatten(out_tree, run(*jax.tree.leaves(args)))
-
-    return replay, [jax.numpy.asarray(c) for c in closed.consts]
+        closed, consts = trace(fn, *examples)
+    return (lambda consts: functools.partial(closed, consts)), [
+        jax.numpy.asarray(c) for c in consts
+    ]
 
 
 def unmeshed():

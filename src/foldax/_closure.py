@@ -1,0 +1,186 @@
+"""User callables traced into jaxprs, replayed with their closed-over arrays passed in, and
+compared by structure.
+
+:func:`trace` traces a user's ``fn`` / ``kernel`` / ``mask`` afresh (never from a cache that
+would hold a previous call's values), the arrays it closes over taken out as ``consts``;
+:class:`Closed` replays it from them, and two are equal when their traces have the same
+structure (:func:`jaxpr_key`), which the eager cache (:mod:`foldax._eager`) keys on.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import weakref
+
+import jax
+import jax.extend
+import numpy as np
+
+
+class Unkeyable(Exception):
+    """A value that cannot be part of a key (a tracer, an object array, an unhashable object)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Traced user callables, compared by structure
+
+
+class Closed:
+    """A user callable traced on example inputs, the arrays it closes over taken out
+    (``consts``): ``closed(consts, *args)`` runs it. Equal to another when the traces have the
+    same structure (:func:`jaxpr_key`)."""
+
+    def __init__(self, jaxpr, in_tree, out_tree):
+        self.jaxpr, self.in_tree, self.out_tree = jaxpr, in_tree, out_tree
+
+    @functools.cached_property
+    def key(self):
+        return (self.in_tree, self.out_tree, jaxpr_key(self.jaxpr))
+
+    @functools.cached_property
+    def _hash(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, Closed) and self.key == other.key
+
+    def __hash__(self):
+        return self._hash
+
+    def __call__(self, consts, *args):
+        closed = jax.extend.core.ClosedJaxpr(self.jaxpr, list(consts))
+        out = jax.extend.core.jaxpr_as_fun(closed)(*self.in_tree.flatten_up_to(args))
+        return jax.tree.unflatten(self.out_tree, out)
+
+
+def trace(fn, *examples) -> tuple[Closed, list]:
+    """``fn`` traced on ``examples`` (avals or arrays), every time (never a cached trace, which
+    would hold the values of a previous call): ``(Closed, consts)``."""
+    leaves, in_tree = jax.tree.flatten(examples)
+    out_tree = []
+
+    def flat(*xs):
+        out = fn(*jax.tree.unflatten(in_tree, xs))
+        out_leaves, tree = jax.tree.flatten(out)
+        out_tree.append(tree)
+        return out_leaves
+
+    closed = jax.make_jaxpr(flat)(*leaves)
+    return Closed(closed.jaxpr, in_tree, out_tree[0]), list(closed.consts)
+
+
+#: Parameters that only say how to *differentiate* an equation (custom_jvp / custom_vjp rules,
+#: a new function object on every trace). A cached eager executable is only ever run (its
+#: inputs are concrete arrays), never transformed, so they are not part of its key.
+_RULE_PARAMS = frozenset(
+    {"jvp_jaxpr_fun", "jvp_jaxpr_thunk", "fwd_jaxpr_thunk", "bwd", "out_trees"}
+)
+
+
+def jaxpr_key(jaxpr) -> tuple:
+    """A hashable key equal for two jaxprs exactly when they compute the same thing: variables
+    by position, literals and array parameters by value, sub-jaxprs by their own keys, every
+    other parameter by its own equality (a function by identity), except differentiation rules
+    (:data:`_RULE_PARAMS`: the key is for running, not transforming). Source lines are ignored."""
+    ids: dict = {}
+
+    def bind(vs):
+        for v in vs:
+            ids[v] = len(ids)
+        return tuple(v.aval for v in vs)
+
+    def ref(v):
+        if isinstance(v, jax.extend.core.Literal):
+            return ("literal", value_key(v.val), v.aval)
+        return ids[v]
+
+    parts = [bind(jaxpr.constvars), bind(jaxpr.invars)]
+    for eqn in jaxpr.eqns:
+        params = tuple(
+            (k, _param_key(p)) for k, p in sorted(eqn.params.items()) if k not in _RULE_PARAMS
+        )
+        ins = tuple(ref(v) for v in eqn.invars)
+        parts.append((eqn.primitive, ins, params, bind(eqn.outvars), _effects_key(eqn.effects)))
+    parts.append(tuple(ref(v) for v in jaxpr.outvars))
+    return tuple(parts)
+
+
+def _effects_key(effects):
+    try:
+        return frozenset(effects)
+    except TypeError:
+        raise Unkeyable from None
+
+
+def _param_key(p):
+    if isinstance(p, jax.extend.core.ClosedJaxpr):
+        return ("closed", jaxpr_key(p.jaxpr), tuple(value_key(c) for c in p.consts))
+    if isinstance(p, jax.extend.core.Jaxpr):
+        return ("jaxpr", jaxpr_key(p))
+    if isinstance(p, tuple | list):
+        return (type(p).__name__, *(_param_key(q) for q in p))
+    if isinstance(p, dict):
+        return ("dict", *((k, _param_key(v)) for k, v in sorted(p.items())))
+    if isinstance(p, np.ndarray | np.generic | jax.Array):
+        return value_key(p)
+    return static_key(p)
+
+
+#: Digests of the jax.Arrays seen, by identity: they are immutable, so an array's content is
+#: read once (known segment ids of 100,000 rows take ~0.3 ms to digest).
+_DIGESTS: dict[int, tuple] = {}
+
+
+def value_key(v):
+    """An array-like by value: dtype, shape and a digest of its bytes (never a tracer)."""
+    if isinstance(v, jax.core.Tracer):
+        raise Unkeyable
+    if isinstance(v, jax.Array):
+        seen = _DIGESTS.get(id(v))
+        if seen is not None and seen[0]() is v:
+            return seen[1]
+        key = _digest(v)
+        i = id(v)
+        try:
+            ref = weakref.ref(v, lambda _: _DIGESTS.pop(i, None))
+        except TypeError:
+            return key
+        _DIGESTS[i] = (ref, key)
+        return key
+    return _digest(v)
+
+
+def _digest(v):
+    try:
+        a = np.asarray(v)
+    except Exception:
+        raise Unkeyable from None
+    if a.dtype == object:
+        raise Unkeyable
+    digest = hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8), digest_size=16).digest()
+    return ("array", a.dtype.str, a.shape, digest)
+
+
+def static_key(v):
+    """A static argument by value: scalars by type and value (floats by ``repr``, so NaN equals
+    NaN), arrays and lists of numbers by content, other objects by their own hash / equality."""
+    if v is None or isinstance(v, bool | int | str | enum.Enum):
+        return (type(v), v)
+    if isinstance(v, float | complex):
+        return (type(v), repr(v))
+    if isinstance(v, np.ndarray | np.generic | jax.Array):
+        return value_key(v)
+    if isinstance(v, list | tuple):
+        if all(isinstance(x, bool | int | float | np.integer | np.floating) for x in v):
+            return (type(v).__name__, value_key(v))
+        return (type(v).__name__, *(static_key(x) for x in v))
+    try:
+        hash(v)
+    except TypeError:
+        raise Unkeyable from None
+    return (type(v), v)
+
+
+__all__ = ["Closed", "Unkeyable", "jaxpr_key", "static_key", "trace", "value_key"]
