@@ -234,3 +234,41 @@ def test_eager_calls_with_no_rows():
         assert_allclose(got, np.zeros((2, 3)), dtype=jnp.float32)
         lse = foldax.segment_logsumexp(x, jnp.zeros((0,), jnp.int32), 2, fn=lambda r: r.sum(-1))
         assert_allclose(lse, np.full(2, -np.inf), dtype=jnp.float32)
+
+
+def _hlo(f, *args):
+    return jax.jit(f).lower(*args).compile().as_text()
+
+
+def test_plain_sum_is_one_scatter_unless_batched():
+    """A sum of plain data under unsorted ids is XLA's scatter-add (jax.ops' program: no loop,
+    no temp) and its gradients are a scatter and a gather; under ``vmap`` the walk keeps the
+    budget (a batched scatter would copy the whole batch of rows)."""
+    n, s = 100_000, 100
+    x = jnp.asarray(RNG.standard_normal((n, 4)), jnp.float32)
+    ids = jnp.asarray(RNG.integers(-3, s + 3, n), jnp.int32)  # some dropped, negative ones too
+
+    def ours(x, i):
+        return foldax.segment_sum(x, i, num_segments=s)
+
+    def theirs(x, i):
+        return jax.ops.segment_sum(x, i, num_segments=s)
+
+    w = jnp.asarray(RNG.standard_normal((s, 4)), jnp.float32)
+    loss = lambda f: lambda x, i: jnp.sum(f(x, i) * w)  # noqa: E731
+    for f in (ours, jax.grad(loss(ours))):
+        text = _hlo(f, x, ids)
+        assert " while(" not in text
+        assert jax.jit(f).lower(x, ids).compile().memory_analysis().temp_size_in_bytes < 64 * s
+    assert_allclose(ours(x, ids), theirs(x, ids), dtype=np.float32)
+    assert_allclose(jax.grad(loss(ours))(x, ids), jax.grad(loss(theirs))(x, ids), dtype=np.float32)
+    t = jnp.ones_like(x)
+    assert_allclose(
+        jax.jvp(lambda x: ours(x, ids), (x,), (t,))[1], theirs(t, ids), dtype=np.float32
+    )
+    batch = jnp.stack([x] * 8)
+    vm = jax.vmap(ours, (0, None))
+    assert " while(" in _hlo(vm, batch, ids)
+    temp = jax.jit(vm).lower(batch, ids).compile().memory_analysis().temp_size_in_bytes
+    assert temp < batch.nbytes / 4
+    assert_allclose(vm(batch, ids), jax.vmap(theirs, (0, None))(batch, ids), dtype=np.float32)

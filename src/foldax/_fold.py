@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _closure, _engine, _shard
-from ._monoid import LOGSUMEXP, _finite_or_zero
+from ._monoid import LOGSUMEXP, SUM, _finite_or_zero
+from ._monoid import _accumulator as accumulator
 
 #: ``fn`` is traced for a block of this many rows; a step runs it on its rows block by block.
 ROW_BLOCK = 8
@@ -94,9 +95,26 @@ def fold(name, monoid, fn, data, plan, arrays, axes=(), all_outputs=False):
     def body(consts, slots, rows, mask, index):
         return _tiles(f(consts, rows), mask), (), ()
 
-    spec = _engine.Spec(plan, body, monoid, _engine.current_budget(), axes=axes, name=name)
+    direct = "scatter" if _scatters(fn, data, monoid, plan, axes) else None
+    budget = _engine.current_budget()
+    spec = _engine.Spec(plan, body, monoid, budget, axes=axes, name=name, direct=direct)
     outs, _, _ = _engine.fold(spec, arrays, consts, (), jax.tree.leaves(data))
     return outs if all_outputs else outs[0]
+
+
+def _scatters(fn, data, monoid, plan, axes) -> bool:
+    """Whether the fold is one scatter-add when it is not batched (see
+    :mod:`foldax._engine._direct`): a sum of plain data (no ``fn``) under unsorted ids, on one
+    device, in a dtype that accumulates in itself. Half-precision values keep the walk (it
+    accumulates in float32 without a float32 copy of the data), and so do contiguous segments
+    (a tile's rows are summed pairwise, more accurately than a scatter adds them)."""
+    return (
+        fn is None
+        and monoid is SUM
+        and plan.kind == "rows"
+        and not axes
+        and accumulator(jnp.result_type(data)) == jnp.result_type(data)
+    )
 
 
 def normalize(name, fn, data, plan, arrays, log, axes=()):

@@ -47,6 +47,7 @@ from jax.core import ShapedArray
 from jax.interpreters.ad import Zero
 
 from .. import _shard
+from . import _direct
 from ._budget import CPU_STEP, DEFAULT_BUDGET
 from ._plan import PlanSpec, make_plan
 from ._registration import Primitive
@@ -71,7 +72,8 @@ class Spec:
     pairs where it is false take no part, and a tile where it is false everywhere is skipped
     (not computed), in this fold and in every fold derived from it. ``origin``: for a tangent
     fold (``derive("jvp", shape)``), ``(parent rule, shape)``: transposed in all its tangents,
-    it is the parent's cotangent fold.
+    it is the parent's cotangent fold. ``direct``: the one XLA operation the fold is, when it
+    is not batched (:mod:`._direct`; its derived folds are direct too).
     """
 
     plan: PlanSpec
@@ -86,6 +88,7 @@ class Spec:
     name: str = "foldax"
     pair_mask: Callable | None = None
     origin: Any = None
+    direct: str | None = None
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)
@@ -779,8 +782,11 @@ class Fold(_Rules):
         super().__init__()
 
     def expand(self, *args):
-        units = plan_units(self.spec, self.in_avals)
-        return _run(self.spec, units, self.out_aval, *jax.tree.map(jnp.asarray, args))
+        spec, args = self.spec, jax.tree.map(jnp.asarray, args)
+        if _direct.applies(spec.direct, spec, spec.scale):
+            return _direct.lower(spec.direct, self.out_aval, spec.plan.num_slots, *args)
+        units = plan_units(spec, self.in_avals)
+        return _run(spec, units, self.out_aval, *args)
 
     def scaled(self, k):
         return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)
@@ -801,8 +807,11 @@ class Fold(_Rules):
         else:
             body, psum = _vjp_body(spec, shape, self.out_aval), False
         origin = (self, shape) if kind == "jvp" else None
+        direct = _direct.DERIVED[spec.direct].get(kind) if spec.direct else None
         return _Derived(
-            spec.replace(body=body, monoid=None, fill=0.0, slot_psum=psum, origin=origin)
+            spec.replace(
+                body=body, monoid=None, fill=0.0, slot_psum=psum, origin=origin, direct=direct
+            )
         )
 
     def prepare_slot_cotangents(self, g_slot):
