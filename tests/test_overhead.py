@@ -272,3 +272,22 @@ def test_plain_sum_is_one_scatter_unless_batched():
     temp = jax.jit(vm).lower(batch, ids).compile().memory_analysis().temp_size_in_bytes
     assert temp < batch.nbytes / 4
     assert_allclose(vm(batch, ids), jax.vmap(theirs, (0, None))(batch, ids), dtype=np.float32)
+
+
+def test_plain_sum_under_sorted_ids_is_jax_ops_program():
+    """Sorted ids, known or traced, give jax.ops' scatter too; ``sizes`` (no ids to scatter by)
+    and half precision (accumulated in float32) keep the walk."""
+    n, s = 10_000, 50
+    x = jnp.asarray(RNG.standard_normal(n), jnp.float32)
+    known = jnp.asarray(np.sort(RNG.integers(0, s, n)), jnp.int32)
+    want = jax.ops.segment_sum(x, known, s)
+    mine = lambda x: foldax.segment_sum(x, known, s, indices_are_sorted=True)  # noqa: E731
+    traced = lambda x, i: foldax.segment_sum(x, i, s, indices_are_sorted=True)  # noqa: E731
+    assert " while(" not in _hlo(mine, x)
+    assert " while(" not in _hlo(traced, x, known)
+    assert_allclose(mine(x), want, dtype=np.float32)
+    assert_allclose(jax.jit(traced)(x, known), want, dtype=np.float32)
+    sizes = np.bincount(np.asarray(known), minlength=s)
+    assert " while(" in _hlo(lambda x: foldax.segment_sum(x, sizes=sizes), x)
+    half = x.astype(jnp.bfloat16)
+    assert " while(" in _hlo(lambda x, i: foldax.segment_sum(x, i, s), half, known)

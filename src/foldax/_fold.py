@@ -95,26 +95,21 @@ def fold(name, monoid, fn, data, plan, arrays, axes=(), all_outputs=False):
     def body(consts, slots, rows, mask, index):
         return _tiles(f(consts, rows), mask), (), ()
 
-    direct = "scatter" if _scatters(fn, data, monoid, plan, axes) else None
+    plain = plan.kind == "rows" and scatters(fn, jnp.result_type(data), monoid, axes)
+    direct = "scatter" if plain else None
     budget = _engine.current_budget()
     spec = _engine.Spec(plan, body, monoid, budget, axes=axes, name=name, direct=direct)
     outs, _, _ = _engine.fold(spec, arrays, consts, (), jax.tree.leaves(data))
     return outs if all_outputs else outs[0]
 
 
-def _scatters(fn, data, monoid, plan, axes) -> bool:
-    """Whether the fold is one scatter-add when it is not batched (see
-    :mod:`foldax._engine._direct`): a sum of plain data (no ``fn``) under unsorted ids, on one
-    device, in a dtype that accumulates in itself. Half-precision values keep the walk (it
-    accumulates in float32 without a float32 copy of the data), and so do contiguous segments
-    (a tile's rows are summed pairwise, more accurately than a scatter adds them)."""
-    return (
-        fn is None
-        and monoid is SUM
-        and plan.kind == "rows"
-        and not axes
-        and accumulator(jnp.result_type(data)) == jnp.result_type(data)
-    )
+def scatters(fn, dtype, monoid, axes) -> bool:
+    """Whether a fold under per-row ids is one scatter-add when it is not batched (see
+    :mod:`foldax._engine._direct`): a sum of plain data (no ``fn``), on one device, in a dtype
+    that accumulates in itself -- ``jax.ops.segment_sum``'s program and numbers, sorted ids
+    or not. Half-precision values keep the walk (it accumulates in float32 without a float32
+    copy of the data), and so does a partition given by ``sizes`` / ``offsets`` (no ids)."""
+    return fn is None and monoid is SUM and not axes and accumulator(dtype) == dtype
 
 
 def normalize(name, fn, data, plan, arrays, log, axes=()):
@@ -154,4 +149,4 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     return out
 
 
-__all__ = ["example_rows", "fold", "in_blocks", "normalize", "replay_rows", "row_fn"]
+__all__ = ["example_rows", "fold", "in_blocks", "normalize", "replay_rows", "row_fn", "scatters"]

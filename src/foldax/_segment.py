@@ -190,7 +190,7 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
         raise ValueError(f"{name}: {err}; sort the rows by id, or leave indices_are_sorted out.")
     if _checks.first_decrease(work) is None:  # known and sorted: contiguous, the tiled path
         bounds = np.searchsorted(work, np.arange(num_segments + 1), side="left")
-        return _Contiguous(np.diff(bounds), bounds[:-1], num_segments)
+        return _Contiguous(np.diff(bounds), bounds[:-1], num_segments, work)
     return _Ids(static_table(work), num_segments, False)
 
 
@@ -268,9 +268,14 @@ class _Empty:
 class _Contiguous:
     """Segments ``s`` = rows ``offsets[s] : offsets[s] + sizes[s]`` (NumPy = static, or traced)."""
 
-    def __init__(self, sizes, offsets, count):
+    def __init__(self, sizes, offsets, count, ids=None):
         self.sizes, self.offsets, self.num_segments = sizes, offsets, count
         self.static = isinstance(sizes, np.ndarray)
+        self.ids = ids  # the known sorted ids these segments came from (NumPy), if any
+
+    def by_ids(self):
+        """The same partition as per-row ids (an :class:`_Ids`), if it came from known ids."""
+        return None if self.ids is None else _Ids(static_table(self.ids), self.num_segments, False)
 
     def arrays(self):
         """The traced arrays (replicated on a mesh); static ones enter in :meth:`plan`."""
@@ -315,6 +320,10 @@ class _Ids:
 
     def arrays(self):
         return (self.ids,)
+
+    def by_ids(self):
+        """The same partition walked by rows (no contiguous tiles)."""
+        return _Ids(self.ids, self.num_segments, False)
 
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
         """``(PlanSpec, arrays)`` over this device's ``n`` rows (``arrays``: its ids)."""
@@ -415,6 +424,8 @@ def _segment(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows, clip
     )
     chunk = _chunk(name, chunk_size)
+    if mesh is None and _fold.scatters(fn, aval.dtype, monoid, axes):
+        part = getattr(part, "by_ids", lambda: None)() or part
 
     if isinstance(part, _Empty):
         if normal:
