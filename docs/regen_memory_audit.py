@@ -11,11 +11,10 @@ keep theirs, and ``tests/test_docs.py`` checks that they are current.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,23 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "memory-audit.md"
 BLOCK = re.compile(r"(```console\n\$ (foldax audit [^\n]*)\n)(.*?)(```)", re.S)
 #: foldax files whose line numbers are quoted (the model of the ragged workload)
-KEEP_LINES = ("src/foldax/_workloads.py",)
+KEEP_LINES = ("src/foldax/_tools/workloads.py",)
 REF = re.compile(r"[\w./-]+\.py:\d+")
 
 
 def run_audit(command: str) -> str:
     """The stdout of ``foldax audit ...`` run from the repository root, paths made relative."""
-    from foldax import _cli
-
-    out, cwd = io.StringIO(), os.getcwd()
-    os.chdir(ROOT)
-    try:
-        with contextlib.redirect_stdout(out):
-            rc = _cli.main(shlex.split(command)[1:])
-    finally:
-        os.chdir(cwd)
-    if rc:
-        raise RuntimeError(f"{command} exited with {rc}")
+    argv = [sys.executable, "-m", "foldax", *shlex.split(command)[1:]]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{command} exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
     prefix = str(ROOT) + os.sep
 
     def rel(m):
@@ -47,7 +39,7 @@ def run_audit(command: str) -> str:
         shown = f"{path}:{line}" if path.startswith(("examples/", *KEEP_LINES)) else path
         return shown + " " * (len(m.group(0)) - len(shown))  # keep the columns aligned
 
-    text = out.getvalue().replace(prefix, "")
+    text = proc.stdout.replace(prefix, "")
     return re.sub(r"((?:examples|src)/[\w./-]+\.py):(\d+)", rel, text)
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from foldax import _workloads as w
+from foldax import workloads as w
 
 
 def _sizes(n):

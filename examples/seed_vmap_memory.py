@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 import foldax
-from foldax import _workloads as w
+from foldax import workloads as w
 from foldax.memory import format_bytes, report
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import foldax
-from foldax import _workloads as w
+from foldax import workloads as w
 
 
 def ragged_logsumexp(mesh, shrink):

@@ -22,7 +22,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import foldax
-from foldax import _workloads as w
+from foldax._tools import workloads as w
 
 if jax.device_count() != 8:  # pragma: no cover - guarded by test_shard.py
     pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8", allow_module_level=True)

@@ -295,7 +295,8 @@ def test_scaling_sorts_sizes_and_takes_numpy_integers():
 
 
 def test_the_command_line_and_scaling_share_one_check_of_sizes():
-    from foldax import _audit, _cli
+    from foldax import _audit
+    from foldax._tools import cli as _cli
 
     assert _cli.check_sizes is _audit.check_sizes
     with pytest.raises(_cli.UsageError, match=r"^--sizes must be distinct .*64 is repeated"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from foldax import _bench
+from foldax._tools import bench as _bench
 
 ROOT = Path(__file__).parent.parent
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from foldax import _cli
+from foldax._tools import cli as _cli
 
 
 def test_help_lists_demo(capsys):
@@ -45,7 +45,7 @@ def test_demo_runs_end_to_end():
 
 def test_s4_workload_small():
     """The demo's S4 measurement on a small configuration: every way agrees with complex128."""
-    from foldax import _workloads as w
+    from foldax._tools import workloads as w
 
     rows = w.measure_s4(ns=(4, 8), h=3, length=16, repeats=1, time_it=False)
     assert {r["way"] for r in rows} == set(w.S4_WAYS)
@@ -157,7 +157,7 @@ def test_audit_error_from_the_console_has_no_traceback():
 
 def test_bench_writes_only_where_told(tmp_path, monkeypatch, capsys):
     """The default --out is a new folder, never the checkout's BENCHMARKS.md and README."""
-    from foldax import _bench
+    from foldax._tools import bench as _bench
 
     calls = []
     monkeypatch.setattr(_bench, "run", lambda **kw: calls.append(kw))

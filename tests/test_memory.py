@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import foldax
-from foldax import _workloads as w
+from foldax._tools import workloads as w
 from foldax.memory import MemoryReport, format_bytes, report
 
 REDUCTIONS = [

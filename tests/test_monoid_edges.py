@@ -403,3 +403,25 @@ def test_empty_segment_sum_is_positive_zero():
     for f in (foldax.segment_sum, jax.jit(foldax.segment_sum, static_argnames="sizes")):
         out = np.asarray(f(x, sizes=(2, 0, 3)))
         assert out[1] == 0 and not np.signbit(out[1])
+
+
+def test_monoids_compare_and_show_their_parameters():
+    """A monoid is a value: parameters take part in equality and hashing (a fold's static
+    description is keyed on them) and show in its repr."""
+    from foldax._monoid import LogSumExp, Max, Min, SegmentArgExtremum
+    from foldax._pairwise import ArgExtremum, ExtremumWithIndex, KMin, SoftmaxSum
+
+    makers = [
+        lambda: KMin(3), lambda: KMin(5), lambda: Var(0), lambda: Var(1),
+        lambda: Var(1, std=True), Max, Min, LogSumExp, lambda: LogSumExp(mean=True),
+        lambda: SegmentArgExtremum(True), lambda: SegmentArgExtremum(False),
+        lambda: ArgExtremum(True), lambda: ArgExtremum(False), lambda: ExtremumWithIndex(True),
+        SoftmaxSum, lambda: SoftmaxSum(shared=True),
+    ]  # fmt: skip
+    for i, make in enumerate(makers):
+        assert make() == make() and hash(make()) == hash(make()), make()
+        for other in makers[i + 1 :]:
+            assert make() != other(), (make(), other())
+    shown = {"k=3": KMin(3), "ddof=1": Var(1), "shared=True": SoftmaxSum(shared=True)}
+    for param, mon in shown.items():
+        assert param in repr(mon), repr(mon)

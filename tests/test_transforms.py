@@ -9,7 +9,7 @@ import pytest
 from helpers import assert_allclose
 
 import foldax
-from foldax import _workloads as w
+from foldax._tools import workloads as w
 from foldax.memory import report
 
 MB = 10**6

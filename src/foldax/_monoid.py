@@ -296,8 +296,11 @@ class Mean(Monoid):
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
 
 
+@dataclasses.dataclass(frozen=True)
 class _Extremum(Monoid):
     """Max or min, with the number of rows attaining it (so the gradient splits ties evenly)."""
+
+    is_max: bool = True
 
     def __init__(self, name, is_max):
         super().__init__(name, "real")
@@ -388,6 +391,7 @@ class Min(_Extremum):
         super().__init__("min", False)
 
 
+@dataclasses.dataclass(frozen=True)
 class LogSumExp(Monoid):
     """State ``(m, s)``: the running max and ``sum(exp(x - shift(m)))``, ``shift(m) = m`` if finite
     else 0, in float32 for half-precision values. With ``mean=True`` a row count is carried too and
@@ -400,6 +404,8 @@ class LogSumExp(Monoid):
     and ``log(s)`` enter the derivatives as constants, the result as the variable (see ``info``),
     so they carry no tangent of their own (zero) and take no cotangent.
     """
+
+    mean: bool = False
 
     def __init__(self, mean=False):
         super().__init__("logmeanexp" if mean else "logsumexp", "float")
@@ -570,6 +576,7 @@ def _output_cotangent(v, g, ds):
     return sum(parts[1:], parts[0]) if parts else jnp.zeros_like(ds[0])
 
 
+@dataclasses.dataclass(frozen=True)
 class Var(Monoid):
     """Variance (``std``: its square root) with ``ddof``, from the mergeable state
     ``(count, mean, M2)`` (Chan et al.): a tile's mean and sum of squared deviations are exact
@@ -589,6 +596,9 @@ class Var(Monoid):
     Outputs: the result, the mean and the count. The derivative of the variance in ``x_i`` is
     ``2 (x_i - mean) / (n - ddof)``; the mean is an output with its own tangent, so second
     derivatives flow. Segments with ``n <= ddof`` give NaN and a zero gradient."""
+
+    ddof: int = 0
+    std: bool = False
 
     def __init__(self, ddof=0, std=False):
         super().__init__(f"{'std' if std else 'var'}(ddof={ddof})", "float")
@@ -698,12 +708,14 @@ def _finite_mean(m):
 _NO_ROW = np.iinfo(np.int32).max
 
 
+@dataclasses.dataclass(frozen=True)
 class SegmentArgExtremum(Monoid):
     """The global row of the max / min of each segment: first of ties, NaN counts as the extreme
     (like ``jnp.argmax``). State: (the extreme, its first row; int32 max for none). Reads the
     global row index of every cell (``needs_index``). An empty segment gives -1."""
 
     needs_index = True
+    is_max: bool = True
 
     def __init__(self, is_max):
         super().__init__("argmax" if is_max else "argmin", "real")

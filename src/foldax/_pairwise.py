@@ -8,6 +8,7 @@ state per row of ``x``; every derivative is another such fold, recomputing each 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -60,10 +61,12 @@ class _ValuesAndIndices:
         return (outputs[1],)
 
 
+@dataclasses.dataclass(frozen=True)
 class ArgExtremum(Monoid):
     """Index of the max / min over ``j`` (first occurrence; NaN counts as the extreme, like NumPy)."""
 
     needs_index = True
+    is_max: bool = True
 
     def __init__(self, is_max):
         super().__init__("argmax" if is_max else "argmin", "real")
@@ -452,6 +455,7 @@ class _Tile:
         return cls(*children)
 
 
+@dataclasses.dataclass(frozen=True)
 class KMin(_ValuesAndIndices, Monoid):
     """The ``k`` smallest values over ``j`` and their indices, ascending; ties by lower index.
 
@@ -491,6 +495,8 @@ class KMin(_ValuesAndIndices, Monoid):
     #: narrow tile; at 20,000 x 20,000 on 2 cores, (2048, 256) blocks (this tile within the
     #: default budget) took 0.22 s, (1024, 1024) 0.32 s.
     dense_tile = (4096, 256)
+
+    k: int = 1
 
     def __init__(self, k):
         super().__init__("kmin", "real")
@@ -650,6 +656,7 @@ class KMin(_ValuesAndIndices, Monoid):
         return (jnp.sum(jnp.where(hit, dv[:, None, :], jnp.zeros((), dv.dtype)), axis=2), None)
 
 
+@dataclasses.dataclass(frozen=True)
 class SoftmaxSum(Monoid):
     """``sum_j softmax_j(logit) * value_j``: exact attention. Value: a pair ``(logit, value)``.
 
@@ -658,6 +665,8 @@ class SoftmaxSum(Monoid):
     bfloat16 values, is accepted: the weights meet the values in the values' dtype, summed in
     the state's). The result is in the state's dtype (:func:`pairwise` casts it to the values').
     """
+
+    shared: bool = False
 
     def __init__(self, shared=False):
         super().__init__("softmax", "float")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -19,15 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import memory
-from ._segment import segment_logsumexp
+from .. import memory
+from .._segment import segment_logsumexp
 
 FEATURES = 5
 
 
 def seed_sizes() -> list[int]:
     """The 123 unequal segment sizes of the ragged workload, shipped as package data."""
-    text = resources.files("foldax").joinpath("_data/seed_sizes.json").read_text()
+    text = resources.files("foldax._tools").joinpath("data/seed_sizes.json").read_text()
     return list(json.loads(text)["sizes"])
 
 
@@ -282,7 +283,7 @@ def s4_vmap_style(v, z, w):
 
 
 def s4_foldax(v, z, w):
-    from ._ssm import cauchy
+    from .._ssm import cauchy
 
     return cauchy(v, z, w)
 
@@ -423,9 +424,15 @@ def measure_seed_sharded(
     return out
 
 
-if __name__ == "__main__":  # python -m foldax._workloads sharded REPEAT REPEATS [SHRINK]
-    import sys
+def main(argv) -> int:
+    """``sharded REPEAT REPEATS [SHRINK]``: :func:`measure_seed_sharded`, printed as JSON."""
+    if argv[:1] != ["sharded"] or not 3 <= len(argv) <= 4:
+        print("usage: python -m foldax.workloads sharded REPEAT REPEATS [SHRINK]", file=sys.stderr)
+        return 2
+    repeat, repeats, *shrink = (int(a) for a in argv[1:4])
+    print(json.dumps(measure_seed_sharded(repeat, repeats, shrink=(shrink or [1])[0])))
+    return 0
 
-    if sys.argv[1:2] == ["sharded"]:
-        repeat, repeats, *shrink = (int(a) for a in sys.argv[2:5])
-        print(json.dumps(measure_seed_sharded(repeat, repeats, shrink=(shrink or [1])[0])))
+
+if __name__ == "__main__":  # python -m foldax._tools.workloads sharded REPEAT REPEATS [SHRINK]
+    sys.exit(main(sys.argv[1:]))

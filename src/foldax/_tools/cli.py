@@ -6,8 +6,8 @@ import argparse
 import sys
 import time
 
-from ._audit import check_sizes
-from .memory import format_bytes
+from .._audit import check_sizes
+from ..memory import format_bytes
 
 
 def _table(rows, header):
@@ -42,7 +42,7 @@ def demo(args) -> int:
 
 def demo_s4(args) -> None:
     """S4's Cauchy kernel three ways over N: memory, time and error against complex128."""
-    from . import _workloads as w
+    from . import workloads as w
 
     print(
         f"S4 Cauchy kernel: H = {w.S4_H} channels, L = {w.S4_L} nodes, N poles, complex64; "
@@ -79,7 +79,7 @@ def demo_s4(args) -> None:
 
 def demo_ragged(args) -> None:
     """The ragged logsumexp under vmap three ways: memory, time and error against float64."""
-    from . import _workloads as w
+    from . import workloads as w
 
     problem = w.seed_problem(batch=args.batch)
     print(
@@ -226,7 +226,7 @@ def audit_cmd(args) -> int:
     import dataclasses
     import os
 
-    from . import _audit
+    from .. import _audit
 
     sizes = _parse_sizes(args.sizes)
     if args.top < 1:
@@ -417,7 +417,7 @@ def main(argv=None) -> int:
 def bench_cmd(args) -> int:
     import os
 
-    from . import _bench
+    from . import bench as _bench
 
     for name in args.only or ():
         if name not in _bench.WORKLOADS:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._memory import format_bytes, report
+from .._memory import format_bytes, report
 
 WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "nearest", "attention", "overhead", "sharded")
 README_START = "<!-- bench-results:start -->"
@@ -89,7 +89,7 @@ class Progress:
 
 
 def _steps(cfg: Config, only) -> int:
-    from . import _workloads as w
+    from . import workloads as w
 
     count = {
         "seed": sum(2 * (len(w.WAYS) - (0 if loop else 1)) for _, _, loop in cfg.seed_cases),
@@ -170,7 +170,7 @@ def _row(workload, case, impl, pass_, temp, seconds, err, **extra):
 
 
 def bench_seed(cfg: Config, prog: Progress) -> list[dict]:
-    from . import _workloads as w
+    from . import workloads as w
 
     rows = []
     for repeat, shrink, loop in cfg.seed_cases:
@@ -206,7 +206,7 @@ def bench_precomputed(cfg: Config, prog: Progress) -> list[dict]:
     """segment_logsumexp of n precomputed float32 values in 1000 unequal contiguous segments."""
     import foldax
 
-    from . import _workloads as w
+    from . import workloads as w
 
     n, segments = cfg.precomputed_n, 1000
     rng = np.random.default_rng(1)
@@ -263,7 +263,7 @@ def bench_precomputed(cfg: Config, prog: Progress) -> list[dict]:
 
 
 def bench_s4(cfg: Config, prog: Progress) -> list[dict]:
-    from . import _workloads as w
+    from . import workloads as w
 
     out = w.measure_s4(
         ns=cfg.s4_ns,
@@ -306,7 +306,7 @@ def bench_gaussian(cfg: Config, prog: Progress) -> list[dict]:
     """Gaussian-kernel sum and logsumexp, M = N = n, D = 3: dense XLA, foldax, pykeops."""
     import foldax
 
-    from . import _workloads as w
+    from . import workloads as w
 
     n = cfg.gauss_n
     x, y, xj, yj = _point_clouds(n, seed=2)
@@ -374,7 +374,7 @@ def bench_nearest(cfg: Config, prog: Progress) -> list[dict]:
     rows is the fraction of indices that differ from NumPy's (float64 distances)."""
     import foldax
 
-    from . import _workloads as w
+    from . import workloads as w
 
     n, k = cfg.gauss_n, 5
     x, y, xj, yj = _point_clouds(n, seed=3)
@@ -484,7 +484,7 @@ def bench_attention(cfg: Config, prog: Progress) -> list[dict]:
 
 def _attention_rows(cfg, case, name, fn, args, ref):
     """Forward and gradient rows (median time, XLA temp bytes; the forward's error) of ``fn``."""
-    from . import _workloads as w
+    from . import workloads as w
 
     jf = jax.jit(fn)
     g = jax.grad(lambda *a: fn(*a).sum(), argnums=(0, 1, 2))
@@ -554,7 +554,7 @@ def _compile_seconds(make, args, repeats):
 
 def _eager_and_jitted(case, f, g, args, cfg, prog):
     """Eager and jitted call latency (in turns) and compile time of ``f`` (foldax) and ``g``."""
-    from . import _workloads as w
+    from . import workloads as w
 
     rows = []
     for label, wrap in (("eager call", lambda h: h), ("jitted call", jax.jit)):
@@ -579,7 +579,7 @@ def _compile_cases(cfg):
     against the global-max segment_sum program."""
     import foldax
 
-    from . import _workloads as w
+    from . import workloads as w
 
     n = cfg.gauss_n
     _, _, xj, yj = _point_clouds(n, seed=3)
@@ -643,7 +643,7 @@ def bench_sharded(cfg: Config, prog: Progress) -> list[dict]:
     cmd = [
         sys.executable,
         "-m",
-        "foldax._workloads",
+        "foldax._tools.workloads",
         "sharded",
         str(repeat),
         str(cfg.repeats),

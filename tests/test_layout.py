@@ -1,0 +1,39 @@
+"""The package's layout: the tools apart from the library, public names in examples and docs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "foldax"
+#: the modules that are the tools' surface (the command line, the public workloads)
+TOOL_SURFACE = {"__main__.py", "workloads.py"}
+
+
+def test_the_library_never_imports_the_tools():
+    code = (
+        "import sys, foldax, foldax.memory, jax.numpy as jnp\n"
+        "foldax.segment_sum(jnp.ones(3), sizes=[1, 2])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('foldax._tools')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] == "_tools" or str(rel) in TOOL_SURFACE:
+            continue
+        assert "_tools" not in path.read_text(), f"{rel} imports the tools"
+
+
+def test_examples_and_docs_use_public_names():
+    private = re.compile(r"from foldax(\.\w+)* import _[a-z]|import foldax\._[a-z]|foldax\._[a-z]")
+    files = [*ROOT.glob("examples/*.py"), *ROOT.glob("docs/*.md"), *ROOT.glob("docs/*.py")]
+    files.append(ROOT / "README.md")
+    for path in files:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "src/foldax/" in line:  # a quoted source location, not an import
+                continue
+            assert not private.search(line), f"{path.name}:{n}: {line.strip()}"
