@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "foldax"
@@ -37,3 +40,32 @@ def test_examples_and_docs_use_public_names():
             if "src/foldax/" in line:  # a quoted source location, not an import
                 continue
             assert not private.search(line), f"{path.name}:{n}: {line.strip()}"
+
+
+def test_lint_and_format_are_clean():
+    """``ruff check`` and ``ruff format --check`` over the sources, tests, docs and examples."""
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    paths = ["src", "tests", "docs", "examples"]
+    for args in (["check", "-q"], ["format", "--check", "-q"]):
+        proc = subprocess.run([str(ruff), *args, *paths], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, f"ruff {' '.join(args)}:\n{proc.stdout}{proc.stderr}"
+
+
+def test_modules_and_functions_stay_small():
+    """One concept per module: at most 600 lines; at most 80 lines of code per function."""
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 600, f"{path.relative_to(SRC)}: over 600 lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                body = node.body
+                doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                first = body[1] if doc and len(body) > 1 else body[0]
+                size = node.end_lineno - first.lineno + 1
+                assert size <= 80, f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {size}"
+
+
+def test_the_package_is_typed():
+    assert (SRC / "py.typed").exists()

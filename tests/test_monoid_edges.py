@@ -13,7 +13,7 @@ from helpers import assert_allclose, tol
 from jax.test_util import check_grads
 
 import foldax
-from foldax._monoid import Var
+from foldax._reductions._var import Var
 
 # ----------------------------------------------------------------------------------------------
 # segment_prod: derivatives through zeros
@@ -408,8 +408,9 @@ def test_empty_segment_sum_is_positive_zero():
 def test_monoids_compare_and_show_their_parameters():
     """A monoid is a value: parameters take part in equality and hashing (a fold's static
     description is keyed on them) and show in its repr."""
-    from foldax._monoid import LogSumExp, Max, Min, SegmentArgExtremum
-    from foldax._pairwise import ArgExtremum, ExtremumWithIndex, KMin, SoftmaxSum
+    from foldax._reductions import ArgExtremum, ExtremumWithIndex, KMin, SoftmaxSum
+    from foldax._reductions._extremum import Max, Min, SegmentArgExtremum
+    from foldax._reductions._logsumexp import LogSumExp
 
     makers = [
         lambda: KMin(3), lambda: KMin(5), lambda: Var(0), lambda: Var(1),

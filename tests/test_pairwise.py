@@ -341,7 +341,7 @@ def test_kmin_against_argpartition(rng, k):
 def test_kmin_hit_counts_exact(rng, t):
     """The per-row count and column sum k-min reads off one float32 pass, exact for every count
     (in chunks of 256 columns, the last one padded); rows with none, all, one or two true."""
-    from foldax._pairwise import _hits
+    from foldax._reductions._kmin import _hits
 
     hit = rng.random((64, t)) < rng.random((64, 1))
     hit[0], hit[1] = False, True

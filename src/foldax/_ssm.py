@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from . import _checks, _eager, _shard
-from ._monoid import promote
 from ._pairwise import _block_sizes, _monoid_for, pairwise
+from ._reductions._base import promote
 
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike

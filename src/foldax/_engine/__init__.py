@@ -1,5 +1,9 @@
-"""The one streamed fold: plans (:mod:`._plan`), the memory budget (:mod:`._budget`) and the
-primitive with its batching and differentiation rules (:mod:`._primitive`)."""
+"""The one streamed fold. A fold's static description (:mod:`._spec`), the plans that walk its
+reduced axis (:mod:`._plan`), the memory budget (:mod:`._budget`) and the planner's probe of a
+step (:mod:`._probe`), the loop (:mod:`._loop`), the bodies of its derivatives
+(:mod:`._derived`), the folds that are one XLA operation (:mod:`._direct`), and the primitive
+with its batching and differentiation rules (:mod:`._primitive`, registered with JAX in
+:mod:`._registration`)."""
 
 import jax
 
@@ -8,8 +12,8 @@ from ._budget import memory_budget as memory_budget
 from ._plan import PlanSpec as PlanSpec
 from ._plan import static_tilings as static_tilings
 from ._primitive import Fold as Fold
-from ._primitive import Spec as Spec
-from ._primitive import unit_bytes as unit_bytes
+from ._probe import unit_bytes as unit_bytes
+from ._spec import Spec as Spec
 
 
 def fold(spec, arrays, consts, slots, rows):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._monoid import _take
+from .._reductions._base import _take
 
 #: Tile heights are powers of two up to this.
 MAX_TILE = 2048

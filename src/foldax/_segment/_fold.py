@@ -15,9 +15,10 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
-from . import _closure, _engine, _shard
-from ._monoid import LOGSUMEXP, SUM, _finite_or_zero
-from ._monoid import _accumulator as accumulator
+from .. import _closure, _engine, _shard
+from .._reductions import LOGSUMEXP, SUM
+from .._reductions._base import _accumulator as accumulator
+from .._reductions._base import _finite_or_zero
 
 #: ``fn`` is traced for a block of this many rows; a step runs it on its rows block by block.
 ROW_BLOCK = 8

@@ -1,0 +1,345 @@
+"""XLA's dump of a compiled program, and what an audit reads from it.
+
+:func:`_compile_with_dump` compiles a function with ``xla_dump_to`` switched on and returns the
+text of its live ranges, optimized HLO and buffer assignment; the rest parses that text: the HLO
+instructions (:class:`_Instr`), the ``stack_frame_id -> file:line`` tables, the buffers live at the
+peak, each allocation's kind, and how many steps foldax's folds take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import os
+import re
+import tempfile
+
+import jax
+
+_SHAPE = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<rest>.*)$")
+_COMPUTATION = re.compile(r"^(?P<entry>ENTRY\s+)?%(?P<name>[\w.\-]+) \(.*\{\s*$")
+_LIVE = re.compile(r"^\s*(?P<name>[\w.\-]+)\{(?P<index>[0-9,]*)\}: (?P<bytes>\d+) bytes")
+#: An ``op_name`` component that is a scope (``jit(f)``, ``transpose(jvp())``), not a primitive.
+_SCOPE = re.compile(r"[^()]*\(.*\)")
+#: The foldax package (this sub-package's parent): frames in it are foldax's own code (its
+#: folds' loops).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+@dataclasses.dataclass(frozen=True)
+class _Instr:
+    """One HLO instruction, as much of it as an audit needs."""
+
+    shape: str  # the HLO shape, e.g. "f32[4,4]{1,0}" or "(s32[], f32[4]{0})"
+    opcode: str
+    operands: tuple[str, ...]
+    op_name: str
+    frame: int | None  # stack_frame_id
+    computation: str
+    root: bool
+    trip_count: int | None  # a while loop's known trip count
+    loop_computations: tuple[str, ...]  # a while loop's condition and body
+
+
+def _split_shape(text):
+    """``'<shape> <rest>'`` split after the shape (a tuple's shape has spaces in it)."""
+    if not text.startswith("("):
+        shape, _, rest = text.partition(" ")
+        return shape, rest
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return text[: i + 1], text[i + 1 :].lstrip()
+    return text, ""
+
+
+def _tuple_elements(text):
+    """The element shapes of a tuple shape ``(a, (b, c), d)``."""
+    inner = re.sub(r"/\*.*?\*/", "", text[1:-1])
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(inner[start:i].strip())
+            start = i + 1
+    if inner.strip():
+        out.append(inner[start:].strip())
+    return out
+
+
+def _parse_shape(text, index=()):
+    """``(dims, dtype)`` of an HLO shape, or of its element at the tuple ``index``."""
+    for i in index:
+        elements = _tuple_elements(text) if text.startswith("(") else []
+        if i >= len(elements):
+            break
+        text = elements[i]
+    if text.startswith("("):
+        return (), "tuple"
+    m = _SHAPE.match(text)
+    if not m:
+        return (), text.split("{")[0]
+    dims = tuple(int(d) for d in m.group("dims").split(",") if d)
+    return dims, m.group("dtype")
+
+
+def _call(rest):
+    """``(opcode, operand names, attributes)`` of an instruction's right-hand side."""
+    m = re.match(r"([\w\-]+)\(", rest)
+    if not m:
+        return "", (), rest
+    depth, end = 0, len(rest)
+    for i in range(m.end() - 1, len(rest)):
+        depth += (rest[i] == "(") - (rest[i] == ")")
+        if depth == 0:
+            end = i
+            break
+    operands = tuple(re.findall(r"%([\w.\-]+)", rest[m.end() : end]))
+    return m.group(1), operands, rest[end + 1 :]
+
+
+def _frames(hlo: str):
+    """``stack_frame_id -> "file:line"`` from the module's FileNames/FileLocations/StackFrames."""
+    sections: dict[str, dict[int, str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            current = sections.setdefault(line, {})
+            continue
+        if current is not None:
+            m = re.match(r"^(\d+) (.*)$", line)
+            if not m:
+                current = None
+                continue
+            current[int(m.group(1))] = m.group(2)
+    files = {k: v.strip('"') for k, v in sections.get("FileNames", {}).items()}
+    locs = {}
+    for k, v in sections.get("FileLocations", {}).items():
+        f = re.search(r"file_name_id=(\d+)", v)
+        ln = re.search(r"\bline=(\d+)", v)
+        if f and ln:
+            locs[k] = f"{files.get(int(f.group(1)), '?')}:{ln.group(1)}"
+    out = {}
+    for k, v in sections.get("StackFrames", {}).items():
+        m = re.search(r"file_location_id=(\d+)", v)
+        if m:
+            out[k] = locs.get(int(m.group(1)), "")
+    return out
+
+
+def _instructions(hlo: str):
+    """``({name: _Instr}, entry computation's name)`` for every instruction of the module."""
+    out, computation, entry = {}, "", ""
+    for line in hlo.splitlines():
+        c = _COMPUTATION.match(line)
+        if c:
+            computation = c.group("name")
+            entry = computation if c.group("entry") else entry
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        shape, rest = _split_shape(m.group("rest"))
+        opcode, operands, attrs = _call(rest)
+        op = re.search(r'op_name="([^"]*)"', attrs)
+        frame = re.search(r"stack_frame_id=(\d+)", attrs)
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
+        loops = re.findall(r"\b(?:condition|body)=%([\w.\-]+)", attrs) if opcode == "while" else []
+        out[m.group("name")] = _Instr(
+            shape=shape,
+            opcode=opcode,
+            operands=operands,
+            op_name=op.group(1) if op else "",
+            frame=int(frame.group(1)) if frame else None,
+            computation=computation,
+            root=line.lstrip().startswith("ROOT "),
+            trip_count=int(trips.group(1)) if trips else None,
+            loop_computations=tuple(loops),
+        )
+    return out, entry
+
+
+def _entry_outputs(instrs, entry) -> set[str]:
+    """Instructions whose buffers are the program's outputs (the entry's ROOT, and the elements
+    of a ROOT tuple)."""
+    roots = [n for n, i in instrs.items() if i.root and i.computation == entry]
+    out = set()
+    while roots:
+        name = roots.pop()
+        out.add(name)
+        if instrs[name].opcode == "tuple":
+            roots += [o for o in instrs[name].operands if o in instrs and o not in out]
+    return out
+
+
+def _peak(live: str):
+    """``[(name, tuple index, bytes)]`` of the buffers listed under "Live ranges at N (peak)"."""
+    out, inside = [], False
+    for line in live.splitlines():
+        if "(peak)" in line:
+            inside = True
+            continue
+        if inside:
+            m = _LIVE.match(line)
+            if not m:
+                if line.strip():
+                    break
+                continue
+            index = tuple(int(i) for i in m.group("index").split(",") if i)
+            out.append((m.group("name"), index, int(m.group("bytes"))))
+    return out
+
+
+def _primitive(op_name: str) -> str:
+    """The JAX primitive named by an ``op_name`` (its last part), ``""`` where the last part is a
+    scope (``jit(f)``): what the program's top level holds without any primitive making it."""
+    last = op_name.split(";")[0].rsplit("/", 1)[-1]
+    return "" if _SCOPE.fullmatch(last) else last
+
+
+def _line(inst, frames) -> str:
+    """The ``file:line`` that made an instruction, for one a JAX primitive made. One no
+    primitive made (a constant the function closes over, lowered at the function's top level)
+    carries the location of the call that traced the function, not a line that made it."""
+    if inst is None or inst.frame is None or not _primitive(inst.op_name):
+        return ""
+    return frames.get(inst.frame, "")
+
+
+def _is_constant(name, instrs, depth=0) -> bool:
+    """Whether an instruction holds a constant: an HLO ``constant`` or ``iota``, or made (with
+    no primitive of the function's) from constants only, e.g. the broadcast of a splat that
+    XLA keeps as a buffer."""
+    inst = instrs.get(name)
+    if inst is None or depth > 32:
+        return False
+    if inst.opcode in ("constant", "iota"):
+        return True
+    if inst.opcode == "parameter" or not inst.operands or _primitive(inst.op_name):
+        return False
+    return all(_is_constant(o, instrs, depth + 1) for o in inst.operands)
+
+
+def _used_at(name, instrs, consumers, frames) -> str:
+    """The ``file:line`` of the first instruction that uses ``name``, looking through XLA's
+    copies, tuples and fusions that have no line of their own."""
+    frontier, seen = [name], {name}
+    for _ in range(4):
+        later = []
+        for n in frontier:
+            for c in consumers.get(n, ()):
+                line = _line(instrs[c], frames)
+                if line:
+                    return line
+                if c not in seen:
+                    seen.add(c)
+                    later.append(c)
+        frontier = later
+    return ""
+
+
+def _fold_steps(instrs, frames) -> int | None:
+    """How many steps the longest foldax fold of a compiled program takes, from XLA's known trip
+    counts; ``None`` when it has no fold, or when XLA does not know a count.
+
+    A fold is a ``lax.scan`` (a ``while`` in HLO) whose body holds foldax's code; a loop that
+    runs once is compiled away, but its body keeps the loop in its ``op_name``
+    (``.../while/body/...``). A dense plan's inner scan (directly inside the outer one)
+    multiplies the count; loops inside jitted functions of the body (a ``searchsorted``) do
+    not count."""
+    loops: dict[str, bool] = {}  # loop (op_name up to its "while") -> foldax code in its body
+    trips: dict[str, list] = {}
+    for inst in instrs.values():
+        ours = inst.frame is not None and frames.get(inst.frame, "").startswith(_PACKAGE)
+        for name in inst.op_name.split(";"):
+            parts = name.split("/")
+            for i in range(len(parts) - 1):
+                if parts[i] == "while" and parts[i + 1] in ("body", "cond"):
+                    key = "/".join(parts[: i + 1])
+                    loops[key] = loops.get(key, False) or ours
+        if inst.opcode == "while":
+            trips.setdefault(inst.op_name.split(";")[0], []).append(inst.trip_count)
+    ours = [k for k, v in loops.items() if v]
+    folds = [k for k in ours if not any(k.startswith(o + "/") for o in ours if o != k)]
+    if not folds:
+        return None
+
+    def count(key):
+        known = trips.get(key, [1])  # no loop left: it ran once
+        return None if None in known else max(known)
+
+    steps = 1
+    for fold in folds:
+        inner = [
+            q
+            for q in loops
+            if q.startswith(fold + "/body/")
+            and all(c == "closed_call" for c in q[len(fold) + 6 :].split("/")[:-1])
+        ]
+        counts = [count(fold), *(count(q) for q in inner)]
+        if None in counts:
+            return None
+        steps = max(steps, counts[0] * max(counts[1:], default=1))
+    return steps
+
+
+def _compile_with_dump(fn, args, kwargs, name):
+    target = functools.partial(fn, **kwargs) if kwargs else fn
+    with tempfile.TemporaryDirectory(prefix="foldax-audit-") as d:
+        try:
+            lowered = jax.jit(target).lower(*args)
+            compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+        except Exception as e:
+            raise RuntimeError(
+                f"foldax.memory.audit({name}): the function failed to compile: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        lives = sorted(glob.glob(os.path.join(d, "*after_optimizations-live-range.txt")))
+        hlos = [p.replace("-live-range.txt", ".txt") for p in lives]
+        if not lives or not os.path.exists(hlos[-1]):
+            raise RuntimeError(
+                f"foldax.memory.audit({name}): the {jax.default_backend()} backend wrote no "
+                f"buffer live ranges; memory audits need the CPU or GPU backend."
+            )
+        with open(lives[-1]) as f:
+            live = f.read()
+        with open(hlos[-1]) as f:
+            hlo = f.read()
+        assignment = lives[-1].replace("-live-range.txt", "-buffer-assignment.txt")
+        allocations = ""
+        if os.path.exists(assignment):
+            with open(assignment) as f:
+                allocations = f.read()
+    return compiled, live, hlo, allocations
+
+
+def _allocation_kinds(text: str) -> dict[tuple[str, tuple[int, ...]], str]:
+    """``(instruction, tuple index) -> kind`` from XLA's buffer assignment: ``"argument"`` (an
+    entry parameter's allocation), ``"output"`` (maybe live out: a loop's state can share the
+    output's buffer), ``"constant"`` or ``"temp"``."""
+    out, kind = {}, "temp"
+    for line in text.splitlines():
+        a = re.match(r"^allocation \d+: size \d+(?P<flags>.*):\s*$", line)
+        if a:
+            flags = a.group("flags")
+            kind = (
+                "argument"
+                if re.search(r", parameter \d+", flags)
+                else "output"
+                if "maybe-live-out" in flags
+                else "constant"
+                if ", constant" in flags
+                else "temp"
+            )
+            continue
+        v = re.match(r"^\s*value: <\d+ (?P<name>[\w.\-]+)(?:\{(?P<index>[0-9,]*)\})?[ >]", line)
+        if v:
+            index = tuple(int(i) for i in (v.group("index") or "").split(",") if i)
+            out[v.group("name"), index] = kind
+    return out

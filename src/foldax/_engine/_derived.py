@@ -1,0 +1,131 @@
+"""Derived bodies: every derivative of a fold is an additive fold, whose body is ``jax.jvp`` or
+``jax.vjp`` of its parent's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from .. import _shard
+from ._spec import Spec, _index
+
+
+def _pick(leaves, flags):
+    return [x for x, f in zip(leaves, flags, strict=True) if f]
+
+
+def _fill(leaves, flags, some):
+    it = iter(some)
+    return [next(it) if f else x for x, f in zip(leaves, flags, strict=True)]
+
+
+def _partial(f, primals, flags):
+    """``f`` of the flagged leaves of ``primals`` (a tuple of three tuples), the others fixed."""
+    flat, tree = jax.tree.flatten(primals)
+
+    def g(*some):
+        return f(*jax.tree.unflatten(tree, _fill(flat, flags, some)))
+
+    return g, _pick(flat, flags)
+
+
+def _rows_own(kind, mask):
+    """Which rows of a step's chunk it owns, from its ``(G, T)`` mask."""
+    return jnp.any(mask, axis=0) if kind == "dense" else mask.reshape(-1)
+
+
+def _mask_rows(row_axis, own, a):
+    """``a`` (rows on ``row_axis``) zeroed on the rows a step does not own."""
+    shape = (-1,) + (1,) * (a.ndim - 1) if row_axis == 0 else (-1,)
+    return jnp.where(own.reshape(shape), a, jnp.zeros((), a.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """How a derived fold's arguments extend its parent's: parent counts and flags."""
+
+    nc: int  # consts
+    ns: int  # slots
+    ni: int  # info (per-slot arrays from the parent's outputs)
+    nr: int  # rows
+    nz: tuple  # flags over the parent's consts + slots + rows: differentiated
+    gnz: tuple = ()  # flags over the parent's outputs (slot, tot, row): cotangent given
+
+    def split(self, consts, slots, rows):
+        c, extra_c = consts[: self.nc], consts[self.nc :]
+        s, info, extra_s = (
+            slots[: self.ns],
+            slots[self.ns : self.ns + self.ni],
+            slots[self.ns + self.ni :],
+        )
+        r, extra_r = rows[: self.nr], rows[self.nr :]
+        return (tuple(c), tuple(s), tuple(r)), info, (extra_c, extra_s, extra_r)
+
+
+def _jvp_body(parent: Spec, shape: Shape):
+    """The tangent fold's body: ``jax.jvp`` of the parent's, turned into output tangents."""
+
+    def body(consts, slots, rows, mask, index):
+        primals, info, tangents = shape.split(consts, slots, rows)
+        f, nz_primals = _partial(
+            lambda c, s, r: parent.body(c, s, r, mask, index), primals, shape.nz
+        )
+        tangents = _shard.like(tuple(t for part in tangents for t in part), tuple(nz_primals))
+        out, dout = jax.jvp(f, tuple(nz_primals), tangents)
+        if parent.monoid is None:
+            return dout
+        ts = parent.monoid.tangent(out[0], dout[0], mask, info, *_index(parent, index))
+        return tuple(t for t in ts if t is not None), (), ()
+
+    return body
+
+
+def _vjp_body(parent: Spec, shape: Shape, out_avals):
+    """The cotangent fold's body: ``jax.vjp`` of the parent's, pulled back from the outputs'
+    cotangents (gathered per tile, or read per row); returns ``(slot cts, const cts, row cts)``."""
+    kind = parent.plan.kind
+
+    def body(consts, slots, rows, mask, index):
+        primals, info, given = shape.split(consts, slots, rows)
+        g_tot, g_slot, g_row = given
+        if parent.monoid is not None:
+            f, nz_primals = _partial(
+                lambda c, s, r: parent.body(c, s, r, mask, index)[0], primals, shape.nz
+            )
+            vals, pull = jax.vjp(f, *nz_primals)
+            flags = shape.gnz[: len(out_avals[0])]
+            it = iter(g_slot)
+            g = tuple(next(it) if fl else None for fl in flags)
+            ct = parent.monoid.row_cotangent(vals, mask, info, g, *_index(parent, index))
+            ct = _shard.like(ct, vals)
+        else:
+            f, nz_primals = _partial(
+                lambda c, s, r: parent.body(c, s, r, mask, index), primals, shape.nz
+            )
+            out, pull = jax.vjp(f, *nz_primals)
+            own = _rows_own(kind, mask)
+            axis = parent.plan.row_axis
+            given_flat = iter([*g_slot, *g_tot, *(_mask_rows(axis, own, a) for a in g_row)])
+            leaves, tree = jax.tree.flatten(out)
+            ct = jax.tree.unflatten(
+                tree,
+                [
+                    next(given_flat) if fl else jnp.zeros_like(x)
+                    for x, fl in zip(leaves, shape.gnz, strict=True)
+                ],
+            )
+            ct = _shard.like(ct, out)
+        ct_c, ct_s, ct_r = _unflag(pull(ct), shape.nz, shape.nc, shape.ns)
+        return tuple(ct_s), tuple(ct_c), tuple(ct_r)
+
+    return body
+
+
+def _unflag(picked, nz, nc, ns):
+    """Flagged leaves of ``consts + slots + rows`` (``nz``: flags over all of them), split back
+    into the three."""
+    a = sum(nz[:nc])
+    b = a + sum(nz[nc : nc + ns])
+    return picked[:a], picked[a:b], picked[b:]

@@ -1,0 +1,87 @@
+"""A fold's static description (:class:`Spec`) and the small helpers on avals and tangents
+that every part of the engine shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+from jax.interpreters.ad import Zero
+
+from ._budget import DEFAULT_BUDGET
+from ._plan import PlanSpec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Spec:
+    """Everything static about a fold (hashed by identity).
+
+    ``body(consts, slots, rows, mask, index) -> (vals, tots, rowvals)``: for a monoid fold
+    ``vals`` are the tile's values ``(G, T, *F)`` (a pytree for pairs of values), reduced by
+    ``monoid``; for an additive fold (``monoid=None``) a tuple of per-slot partial sums
+    ``(G, ...)``. ``fill``: the value of row outputs on rows that no step owns.
+    ``axes``: mesh axes splitting the rows (slot states are all-reduced); ``ring``: mesh axes
+    splitting rows and slots (the rows go round the devices). ``slot_psum``: psum an additive
+    fold's slot sums over ``axes`` (the tangent of an all-reduced output). ``pair_mask``
+    (dense plans): ``pair_mask(consts, i, j) -> bool`` of the fold's consts (a derived fold's
+    begin with its parent's) and broadcasting global slot and row indices;
+    pairs where it is false take no part, and a tile where it is false everywhere is skipped
+    (not computed), in this fold and in every fold derived from it. ``origin``: for a tangent
+    fold (``derive("jvp", shape)``), ``(parent rule, shape)``: transposed in all its tangents,
+    it is the parent's cotangent fold. ``direct``: the one XLA operation the fold is, when it
+    is not batched (:mod:`._direct`; its derived folds are direct too).
+    """
+
+    plan: PlanSpec
+    body: Callable
+    monoid: Any = None
+    budget: int = DEFAULT_BUDGET
+    scale: int = 1
+    fill: float = 0.0
+    axes: tuple = ()
+    ring: tuple = ()
+    slot_psum: bool = False
+    name: str = "foldax"
+    pair_mask: Callable | None = None
+    origin: Any = None
+    direct: str | None = None
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+
+def _aval(x):
+    return jax.typeof(x)
+
+
+def _is_float(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _zero_tangent(aval):
+    """The tangent of an output nothing perturbs: zeros (``float0`` for integer outputs)."""
+    if _is_float(aval):
+        return jnp.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def _is_zero(t) -> bool:
+    return isinstance(t, Zero)
+
+
+def _with_rows(shape, row_axis, r):
+    """``shape`` with its rows axis (``row_axis``: 0 or -1) of size ``r``."""
+    return (*shape[:-1], r) if row_axis == -1 else (r, *shape[1:])
+
+
+def _shaped(aval, shape):
+    return aval.update(shape=shape) if hasattr(aval, "update") else ShapedArray(shape, aval.dtype)
+
+
+def _index(spec, index):
+    return (index,) if getattr(spec.monoid, "needs_index", False) else ()

@@ -1,0 +1,51 @@
+"""Reductions: the monoids that the fold engine knows how to stream.
+
+A monoid describes one reduction as a small *state* per output slot (a tuple of arrays) with
+
+* ``init(num, feature_shape, dtype)``: the identity state, leading axis ``num``;
+* ``reduce(v, mask)``: the state of each tile, ``v`` of shape ``(G, T, *F)`` reduced over ``T``
+  where ``mask`` (``(G, T)`` bool) is true;
+* ``combine(a, b)``: merge two states elementwise (associative, commutative);
+* ``scatter(carry, seg, st)``: merge tile states ``st`` (``(G, *F)``) into the slots ``seg``
+  (``(G,)`` int, in ``[0, num]``; the value ``num`` means *drop*) of ``carry`` (``(num, *F)``);
+* ``allreduce(state, axes)``: ``combine`` the states of every device along the mesh ``axes``
+  (inside ``shard_map``): the default gathers the (small) states with a ``psum`` of per-device
+  slots and folds them with ``combine``, so every monoid distributes; sums, extrema and
+  log-sum-exps use ``psum`` / ``pmax`` instead;
+* ``outputs(state)``: the fold's outputs, the public result first (``finalize``), then what the
+  derivatives need that the result does not say (a count, the log-sum-exp of attention);
+* ``info(outputs)``: the per-slot arrays the derivative rules read, as a differentiable function of
+  the outputs (so that second-order derivatives flow through them);
+* ``row_cotangent(v, mask, info, g)``: the cotangent of every reduced value given the outputs'
+  cotangents ``g`` (a tuple, one per output, ``None`` where there is none), gathered per tile
+  (``(G, ...)``); exactly zero where ``mask`` is false;
+* ``tangent(v, dv, mask, info)``: the outputs' tangents contributed by one tile (``(G, ...)`` per
+  output, ``None`` for integer outputs), given the values' tangents ``dv``.
+
+A new reduction is a new monoid; the engine in :mod:`foldax._engine` never changes.
+"""
+
+from ._base import Monoid as Monoid
+from ._extremum import ArgExtremum as ArgExtremum
+from ._extremum import ExtremumWithIndex as ExtremumWithIndex
+from ._extremum import Max as Max
+from ._extremum import Min as Min
+from ._extremum import SegmentArgExtremum as SegmentArgExtremum
+from ._kmin import KMin as KMin
+from ._logsumexp import LogSumExp as LogSumExp
+from ._logsumexp import WeightedLogSumExp as WeightedLogSumExp
+from ._prod import Prod as Prod
+from ._softmax import SoftmaxSum as SoftmaxSum
+from ._sum import Mean as Mean
+from ._sum import Sum as Sum
+from ._var import Var as Var
+
+SUM = Sum()
+MEAN = Mean()
+MAX = Max()
+MIN = Min()
+LOGSUMEXP = LogSumExp()
+LOGMEANEXP = LogSumExp(mean=True)
+PROD = Prod()
+ARGMAX = SegmentArgExtremum(True)
+ARGMIN = SegmentArgExtremum(False)

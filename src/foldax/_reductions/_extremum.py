@@ -1,0 +1,298 @@
+"""Max and min (with the count of rows attaining them), and the arg-extrema: a segment's row,
+a pairwise reduction's column, with or without its value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._base import (
+    NO_INDEX,
+    Monoid,
+    _add_at,
+    _expand,
+    _p_extreme,
+    _take,
+    _tile_mask,
+    _ValuesAndIndices,
+    count,
+    identity,
+)
+from ._kmin import _columns, _first_index
+
+
+@dataclasses.dataclass(frozen=True)
+class _Extremum(Monoid):
+    """Max or min, with the number of rows attaining it (so the gradient splits ties evenly)."""
+
+    is_max: bool = True
+
+    def __init__(self, name, is_max):
+        super().__init__(name, "real")
+        object.__setattr__(self, "is_max", is_max)
+
+    def _identity(self, dtype):
+        return identity(self.is_max, dtype)
+
+    def _better(self, a, b):
+        return jnp.maximum(a, b) if self.is_max else jnp.minimum(a, b)
+
+    def init(self, num, fshape, dtype):
+        return (
+            jnp.full((num, *fshape), self._identity(dtype), dtype),
+            jnp.zeros((num, *fshape), jnp.int32),
+        )
+
+    #: Preferred dense block ``(bi, bj)`` when ``y`` is walked transposed (a kernel without a
+    #: dot product): 8192 pairs, their values L1-resident, ``j`` long enough to vectorise
+    #: (see :func:`foldax._engine._plan.dense_block`).
+    dense_tile = (1024, 1024)
+
+    def reduce(self, v, mask):
+        mv = _tile_mask(mask, v)
+        w = jnp.where(mv, v, jnp.asarray(self._identity(v.dtype), v.dtype))
+        m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        hit = (w == m[:, None]) & mv
+        t = v.shape[1]
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return (m, jnp.sum(hit, axis=1, dtype=jnp.int32))
+        # XLA:CPU's vectorised reduce-max may drop NaN: propagate it explicitly. The NaNs are
+        # counted in the same sum as the hits, weighted T + 1 (no separate any-reduce).
+        if t * (t + 1) < 2**24:
+            one = jnp.where(hit, jnp.float32(1), jnp.float32(0))
+            c = count(jnp.where(w != w, jnp.float32(t + 1), one), axis=1)
+            nan = c > t
+            m = jnp.where(nan, jnp.asarray(np.nan, v.dtype), m)
+            return (m, jnp.where(nan, 0, c))
+        m = jnp.where(jnp.any(jnp.isnan(w), axis=1), jnp.asarray(np.nan, v.dtype), m)
+        return (m, jnp.sum(hit & (w == m[:, None]), axis=1, dtype=jnp.int32))
+
+    def combine(self, a, b):
+        m = self._better(a[0], b[0])
+        c = jnp.where(a[0] == m, a[1], 0) + jnp.where(b[0] == m, b[1], 0)
+        return (m, c)
+
+    def allreduce(self, state, axes):
+        m, c = state
+        best = _p_extreme(m, axes, self.is_max)
+        return (best, lax.psum(jnp.where(m == best, c, 0), axes))
+
+    def scatter(self, carry, seg, st):
+        cm, cc = carry
+        tm, tc = st
+        m = cm.at[seg].max(tm, mode="drop") if self.is_max else cm.at[seg].min(tm, mode="drop")
+        m_seg = _take(m, seg)
+        # a slot's count survives where its extreme did (only the touched slots can change)
+        kept = jnp.where(_take(cm, seg) == m_seg, _take(cc, seg), 0)
+        c = cc.at[seg].set(kept, mode="drop")
+        return (m, _add_at(c, seg, jnp.where(tm == m_seg, tc, 0)))
+
+    n_outputs = 2
+
+    def finalize(self, st):
+        return st[0]
+
+    def outputs(self, st):
+        return st
+
+    def info(self, outputs):
+        return outputs
+
+    def row_cotangent(self, v, mask, info, g):
+        m, c = info
+        hit = (v == m[:, None]) & _tile_mask(mask, v)
+        share = g[0] / jnp.maximum(c, 1).astype(g[0].dtype)
+        ct = jnp.broadcast_to(share[:, None], v.shape)
+        return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
+
+
+class Max(_Extremum):
+    def __init__(self):
+        super().__init__("max", True)
+
+
+class Min(_Extremum):
+    def __init__(self):
+        super().__init__("min", False)
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentArgExtremum(Monoid):
+    """The global row of the max / min of each segment: first of ties, NaN counts as the extreme
+    (like ``jnp.argmax``). State: (the extreme, its first row; int32 max for none). Reads the
+    global row index of every cell (``needs_index``). An empty segment gives -1."""
+
+    needs_index = True
+    is_max: bool = True
+
+    def __init__(self, is_max):
+        super().__init__("argmax" if is_max else "argmin", "real")
+        object.__setattr__(self, "is_max", is_max)
+
+    def _fill(self, dtype):
+        return identity(self.is_max, dtype)
+
+    def init(self, num, fshape, dtype):
+        return (
+            jnp.full((num, *fshape), self._fill(dtype), dtype),
+            jnp.full((num, *fshape), NO_INDEX, jnp.int32),
+        )
+
+    def reduce(self, v, mask, index):
+        m = _tile_mask(mask, v)
+        w = jnp.where(m, v, jnp.asarray(self._fill(v.dtype), v.dtype))
+        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        hit = (w == best[:, None]) & m
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            nan = jnp.isnan(w) & m
+            any_nan = jnp.any(nan, axis=1)
+            hit = jnp.where(any_nan[:, None], nan, hit)
+            best = jnp.where(any_nan, jnp.asarray(np.nan, v.dtype), best)
+        rows = index if index.ndim == 2 else index[None, :]  # (G, T) global rows (probe: (T,))
+        rows = _expand(jnp.broadcast_to(rows, mask.shape), v.ndim)
+        return (best, jnp.min(jnp.where(hit, rows, NO_INDEX), axis=1).astype(jnp.int32))
+
+    def _same(self, a, b):
+        eq = a == b
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            eq = eq | (jnp.isnan(a) & jnp.isnan(b))
+        return eq
+
+    def _best(self, a, b):
+        m = jnp.maximum(a, b) if self.is_max else jnp.minimum(a, b)
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            m = jnp.where(jnp.isnan(a) | jnp.isnan(b), jnp.asarray(np.nan, a.dtype), m)
+        return m
+
+    def combine(self, a, b):
+        m = self._best(a[0], b[0])
+        ia = jnp.where(self._same(a[0], m), a[1], NO_INDEX)
+        ib = jnp.where(self._same(b[0], m), b[1], NO_INDEX)
+        return (m, jnp.minimum(ia, ib))
+
+    def allreduce(self, state, axes):
+        val, idx = state
+        best = _p_extreme(val, axes, self.is_max)
+        return (best, lax.pmin(jnp.where(self._same(val, best), idx, NO_INDEX), axes))
+
+    def scatter(self, carry, seg, st):
+        cm, ci = carry
+        tm, ti = st
+        # scatter-max / min propagate NaN, as _Extremum relies on
+        m = cm.at[seg].max(tm, mode="drop") if self.is_max else cm.at[seg].min(tm, mode="drop")
+        m_seg = _take(m, seg)
+        kept = jnp.where(self._same(_take(cm, seg), m_seg), _take(ci, seg), NO_INDEX)
+        i = ci.at[seg].set(kept, mode="drop")
+        return (m, i.at[seg].min(jnp.where(self._same(tm, m_seg), ti, NO_INDEX), mode="drop"))
+
+    def finalize(self, st):
+        return jnp.where(st[1] == NO_INDEX, -1, st[1])
+
+    def tangent(self, v, dv, mask, info, index):
+        return (None,)  # an index has no derivative
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgExtremum(Monoid):
+    """Index of the max / min over ``j`` (first occurrence; NaN counts as the extreme, like NumPy)."""
+
+    needs_index = True
+    is_max: bool = True
+
+    def __init__(self, is_max):
+        super().__init__("argmax" if is_max else "argmin", "real")
+        object.__setattr__(self, "is_max", is_max)
+
+    def init(self, num, fshape, dtype):
+        return (
+            jnp.full((num, *fshape), identity(self.is_max, dtype), dtype),
+            jnp.full((num, *fshape), NO_INDEX, jnp.int32),
+        )
+
+    def _beats(self, a, b):
+        """``a`` strictly better than ``b`` (NaN beats numbers)."""
+        better = a > b if self.is_max else a < b
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            better = (better & ~jnp.isnan(b)) | (jnp.isnan(a) & ~jnp.isnan(b))
+        return better
+
+    #: Preferred dense block, as :attr:`foldax._reductions._extremum._Extremum.dense_tile`.
+    dense_tile = (1024, 1024)
+
+    def reduce(self, v, mask, index):
+        # Values first (a plain vectorised min / max), then the index: the first column that
+        # attains it (a second min, over column numbers). jnp.argmin's variadic (value, index)
+        # reduce does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised
+        # min / max may drop NaN, so NaN columns rank before the hits in that same min: a NaN
+        # row takes its first NaN.
+        fill = self.init(1, (), v.dtype)[0][0]
+        m = _expand(mask, v.ndim)
+        w = jnp.where(m, v, fill)
+        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        hit = (w == best[:, None]) & m
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return (best, _first_index(hit, index))
+        t = v.shape[1]
+        col = _columns(v.shape)
+        # NaN columns rank 0 .. T - 1, hits T .. 2T - 1, the rest 2T (masked cells are not NaN);
+        # ranked in float32 (exact), which XLA:CPU reduces vectorised, unlike int32
+        r = jnp.where(w != w, col, jnp.where(hit, col + t, jnp.float32(2 * t)))
+        r = jnp.min(r, axis=1).astype(jnp.int32)
+        nan = r < t
+        best = jnp.where(nan, jnp.asarray(np.nan, v.dtype), best)
+        first = jnp.where(r < 2 * t, jnp.take(index, r % t, mode="clip"), NO_INDEX)
+        return (best, first.astype(jnp.int32))
+
+    def allreduce(self, state, axes):
+        val, idx = state
+        best = _p_extreme(val, axes, self.is_max)
+        hit = val == best
+        if jnp.issubdtype(val.dtype, jnp.floating):
+            hit = hit | (jnp.isnan(val) & jnp.isnan(best))
+        return (best, lax.pmin(jnp.where(hit, idx, NO_INDEX), axes))
+
+    def combine(self, a, b):
+        # b comes from later columns: it wins only if strictly better (ties keep the first index)
+        take_b = self._beats(b[0], a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+        return (jnp.where(take_b, b[0], a[0]), jnp.where(take_b, b[1], a[1]))
+
+    def finalize(self, st):
+        return st[1]
+
+    def tangent(self, v, dv, mask, info, index):
+        return (None,)  # an index has no derivative
+
+
+class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):
+    """The min / max over ``j`` and its index in one pass (KeOps' ``min_argmin``): the index as
+    :class:`ArgExtremum` finds it, the value differentiable (its cotangent and tangent go to the
+    pair at the index)."""
+
+    def __init__(self, is_max):
+        super().__init__(is_max)
+        object.__setattr__(self, "name", "max_argmax" if is_max else "min_argmin")
+
+    @staticmethod
+    def _at_index(v, mask, idx, index):
+        """Where each tile cell is its slot's chosen pair ``(G, T, *F)``."""
+        col = _expand(index[None, :], v.ndim)
+        return (col == idx[:, None]) & _expand(mask, v.ndim)
+
+    def row_cotangent(self, v, mask, info, g, index):
+        (idx,) = info
+        ct = jnp.broadcast_to(g[0][:, None].astype(v.dtype), v.shape)
+        return jnp.where(self._at_index(v, mask, idx, index), ct, jnp.zeros((), v.dtype))
+
+    def tangent(self, v, dv, mask, info, index):
+        (idx,) = info
+        hit = self._at_index(v, mask, idx, index)
+        return (jnp.sum(jnp.where(hit, dv, jnp.zeros((), dv.dtype)), axis=1), None)
+
+
+#: The index of an empty slot: a k-min slot not yet filled, the argmin / argmax of no column.
+#: Every real column index is below it, so it -- not the slot's value -- tells an empty slot
+#: from a real entry: an empty slot's value (NaN, the dtype's largest integer, the extreme's
+#: identity) may well be a real one too (an integer distance of ``iinfo.max``, a ``+inf``).

@@ -1,0 +1,85 @@
+"""What a ``foldax bench`` run is and where it runs: the workload names, the README markers
+and plot folder, the sizes of a full and a quick run, the peers compared against (and whether
+each is installed), and the machine's description."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+
+import jax
+import numpy as np
+
+WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "nearest", "attention", "overhead", "sharded")
+README_START = "<!-- bench-results:start -->"
+README_END = "<!-- bench-results:end -->"
+PLOT_DIR = "bench"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Sizes of one run (``FULL`` or ``QUICK``)."""
+
+    repeats: int
+    seed_cases: tuple  # (repeat, shrink, with the slicing loop)
+    precomputed_n: int
+    s4_ns: tuple
+    s4_h: int
+    s4_l: int
+    gauss_n: int
+    att_n: int
+    sharded: tuple  # (repeat, shrink)
+    overhead_pairs: int = 4000  # M = N of the pairwise call whose overhead is measured
+
+
+FULL = Config(
+    7, ((1, 1, True), (10, 1, False)), 50_000_000, (64, 256, 512), 256, 1024, 20_000, 4096, (10, 1)
+)
+QUICK = Config(
+    2, ((1, 10, True), (1, 1, False)), 2_000_000, (32, 128), 32, 256, 2_000, 512, (1, 10), 2000
+)
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    dev = jax.devices()[0]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "device": getattr(dev, "device_kind", str(dev)),
+        "jax": jax.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def machine_line(m: dict) -> str:
+    return (
+        f"{m['cpu']}, {m['cores']} cores visible, jax {m['jax']} ({m['backend']}: {m['device']}), "
+        f"numpy {m['numpy']}, Python {m['python']}"
+    )
+
+
+#: peer -> (module to import, the extra that brings it)
+PEERS = {
+    "torch.segment_reduce": ("torch", ".[torch]"),
+    "pykeops": ("pykeops", ".[keops]"),
+    "plots (matplotlib)": ("matplotlib", ".[plot]"),
+}
+
+
+def available(peer: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(PEERS[peer][0]) is not None

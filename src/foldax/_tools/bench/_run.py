@@ -1,0 +1,138 @@
+"""The entry points of ``foldax bench``: ``run`` measures every workload, then ``write`` saves
+``results.json``, the plots, ``BENCHMARKS.md`` and the README's results block; ``render``
+rewrites the text from an existing ``results.json`` without running anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from ._config import (
+    FULL,
+    PEERS,
+    PLOT_DIR,
+    QUICK,
+    README_END,
+    README_START,
+    WORKLOADS,
+    Config,
+    available,
+    machine,
+)
+from ._measure import (
+    bench_attention,
+    bench_gaussian,
+    bench_nearest,
+    bench_precomputed,
+    bench_s4,
+    bench_seed,
+    bench_sharded,
+)
+from ._overhead import _COMPILE_ONLY, _OVERHEAD_CALLS, bench_overhead
+from ._plots import plots
+from ._progress import Progress
+from ._render import TITLES, render_markdown, render_readme_block, terminal_table
+
+
+def _steps(cfg: Config, only) -> int:
+    from .. import workloads as w
+
+    count = {
+        "seed": sum(2 * (len(w.WAYS) - (0 if loop else 1)) for _, _, loop in cfg.seed_cases),
+        "precomputed": 4,
+        "s4": len(cfg.s4_ns) * len(w.S4_WAYS) * 2,
+        "gaussian": 6,
+        "nearest": 6,
+        "attention": 6,
+        "overhead": len(_OVERHEAD_CALLS) * 3 + len(_COMPILE_ONLY),
+        "sharded": 1,
+    }
+    return sum(count[k] for k in only)
+
+
+BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
+    "seed": bench_seed,
+    "precomputed": bench_precomputed,
+    "s4": bench_s4,
+    "gaussian": bench_gaussian,
+    "nearest": bench_nearest,
+    "attention": bench_attention,
+    "overhead": bench_overhead,
+    "sharded": bench_sharded,
+}
+
+
+def run(quick: bool = False, only=None, out: str = ".", command: str | None = None) -> dict:
+    """Run the benchmarks, write ``results.json``, plots, ``BENCHMARKS.md`` (and the README's
+    results block if ``out/README.md`` has the markers). Returns the results."""
+    cfg = QUICK if quick else FULL
+    names = list(WORKLOADS) if not only else list(only)
+    for n in names:
+        if n not in BENCHES:
+            raise SystemExit(
+                f"foldax bench: unknown workload {n!r}; choose from {', '.join(WORKLOADS)}"
+            )
+    command = command or "foldax bench" + (" --quick" if quick else "") + "".join(
+        f" --only {n}" for n in (only or [])
+    )
+    skipped = [{"peer": p, "extra": PEERS[p][1]} for p in PEERS if not available(p)]
+    for s in skipped:
+        print(
+            f"skipped: {s['peer']} (not installed; pip install -e '{s['extra']}')", file=sys.stderr
+        )
+    prog = Progress(_steps(cfg, names))
+    results = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "quick": quick,
+        "repeats": cfg.repeats,
+        "config": dataclasses.asdict(cfg),
+        "skipped": skipped,
+        "workloads": {},
+        "plots": [],
+    }
+    for name in names:
+        results["workloads"][name] = BENCHES[name](cfg, prog)
+        print(f"\n{TITLES[name]}\n{terminal_table(results, name)}\n", flush=True)
+    write(results, out)
+    return results
+
+
+def write(results: dict, out: str) -> None:
+    plot_dir = os.path.join(out, PLOT_DIR)
+    os.makedirs(plot_dir, exist_ok=True)
+    if available("plots (matplotlib)"):
+        results["plots"] = plots(results, plot_dir)
+    with open(os.path.join(plot_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    _write_text(results, out)
+    print(
+        f"wrote {plot_dir}/results.json, {out}/BENCHMARKS.md"
+        + (f", plots {results['plots']}" if results["plots"] else "")
+    )
+
+
+def _write_text(results: dict, out: str) -> None:
+    with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
+        f.write(render_markdown(results))
+    readme = os.path.join(out, "README.md")
+    if os.path.exists(readme):
+        with open(readme) as f:
+            text = f.read()
+        if README_START in text and README_END in text:
+            head, rest = text.split(README_START, 1)
+            tail = rest.split(README_END, 1)[1]
+            with open(readme, "w") as f:
+                f.write(head + render_readme_block(results) + tail)
+
+
+def render(out: str) -> None:
+    """Rewrite ``BENCHMARKS.md`` and the README block from ``out/bench/results.json`` (no runs)."""
+    with open(os.path.join(out, PLOT_DIR, "results.json")) as f:
+        results = json.load(f)
+    _write_text(results, out)
