@@ -11,6 +11,7 @@ array per call: a debugging aid, not a default.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 
 import jax
@@ -69,8 +70,10 @@ def unsorted_error(ids):
     )
 
 
-def _partition_error(name, arg, x, n):
-    """What is wrong with a partition argument's values (``None`` if nothing)."""
+def partition_error(arg, x, n):
+    """What is wrong with the values ``x`` of a partition argument (``arg``: ``"sizes"``,
+    ``"offsets"`` or ``"segment_ids"``) for ``n`` rows; ``None`` if nothing. One wording for
+    arguments known when traced and for those checked when they run."""
     if arg == "segment_ids":
         return unsorted_error(x)
     x = np.asarray(x, np.int64)
@@ -79,7 +82,10 @@ def _partition_error(name, arg, x, n):
             i = int(np.flatnonzero(x < 0)[0])
             return f"sizes must be >= 0, but sizes[{i}] = {x[i]}"
         if int(x.sum()) != n:
-            return f"sizes sum to {int(x.sum())} but data has N = {n} rows"
+            return (
+                f"sizes sum to {int(x.sum())} but data has N = {n} rows; the segments must "
+                f"cover the leading axis exactly"
+            )
     elif arg == "offsets":
         if x[0] != 0 or x[-1] != n:
             return f"offsets must start at 0 and end at N = {n}, got {x[0]} ... {x[-1]}"
@@ -97,11 +103,26 @@ def check_partition(name, arg, x, n):
 
     def check(x):
         for row in np.asarray(x).reshape(-1, np.shape(x)[-1]):  # one per batch element
-            err = _partition_error(name, arg, row, n)
+            err = partition_error(arg, row, n)
             if err is not None:
                 raise ValueError(f"{name}: {err} (checked by foldax.debug_checks).")
 
     jax.debug.callback(check, x)
+
+
+def static_int(name, arg, value, fix):
+    """``value`` as a Python int, else a TypeError naming the function ``name`` and its argument
+    ``arg``, what was given, and ``fix`` (a bool, a float or a traced array is not a static
+    int)."""
+    try:
+        if isinstance(value, bool | np.bool_):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: {arg} must be a static Python int, got {type(value).__name__} "
+            f"{value!r:.40}; {fix}."
+        ) from None
 
 
 def concrete_rows(name, what, n):
@@ -125,5 +146,7 @@ __all__ = [
     "debug_checks",
     "enabled",
     "first_decrease",
+    "partition_error",
+    "static_int",
     "unsorted_error",
 ]

@@ -90,14 +90,7 @@ def _monoid_for(name, reduction, k, n):
     fix = f"pass an int with 0 < k <= N = {n} (the rows of y)"
     if k is None:
         raise ValueError(f"{name}: k is missing, and reduction='kmin' needs it; {fix}.")
-    try:
-        if isinstance(k, bool | np.bool_):
-            raise TypeError
-        k = operator.index(k)
-    except TypeError:
-        raise TypeError(
-            f"{name}: k must be a static Python int, got {type(k).__name__} {k!r:.40}; {fix}."
-        ) from None
+    k = _checks.static_int(name, "k", k, fix)
     if not 0 < k <= n:
         fix = f"pass k <= {n}, or more rows of y" if n else "pass y with at least k rows"
         fix = "pass k >= 1" if k <= 0 else fix

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING
 
 import jax
@@ -258,14 +257,7 @@ def vandermonde(
     name = "foldax.vandermonde"
     _check_1d(name, v=v, x=x)
     v, x = jnp.asarray(v), jnp.asarray(x)
-    try:
-        if isinstance(length, bool):
-            raise TypeError
-        length = operator.index(length)
-    except TypeError:
-        raise TypeError(
-            f"{name}: length must be a static Python int, got {type(length).__name__}."
-        ) from None
+    length = _checks.static_int(name, "length", length, "pass the kernel length as an int")
     if length <= 0:
         raise ValueError(f"{name}: length must be positive, got {length}.")
     _check_poles(name, conjugate, v=v, x=x)

@@ -3,7 +3,6 @@ reduction, and described as what the engine walks (contiguous tiles, or rows wit
 
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING
 
 import jax
@@ -104,26 +103,11 @@ def _partition(
 
 def _static_bounds(name, arg, static, n):
     """``(sizes, offsets)`` of static ``sizes`` / ``offsets`` (``arg``), checked against ``n``."""
+    err = _checks.partition_error(arg, static, n)
+    if err is not None:
+        raise ValueError(f"{name}: {err}.")
     if arg == "sizes":
-        if np.any(static < 0):
-            bad = int(np.flatnonzero(static < 0)[0])
-            raise ValueError(f"{name}: sizes must be >= 0, but sizes[{bad}] = {static[bad]}.")
-        if int(static.sum()) != n:
-            raise ValueError(
-                f"{name}: sizes sum to {int(static.sum())} but data has N = {n} rows; "
-                f"the segments must cover the leading axis exactly."
-            )
         return static, np.concatenate([[0], np.cumsum(static)[:-1]]).astype(np.int64)
-    if static[0] != 0 or static[-1] != n:
-        raise ValueError(
-            f"{name}: offsets must start at 0 and end at N = {n}, got {static[0]} ... {static[-1]}."
-        )
-    if np.any(np.diff(static) < 0):
-        bad = int(np.flatnonzero(np.diff(static) < 0)[0])
-        raise ValueError(
-            f"{name}: offsets must be non-decreasing, but offsets[{bad}] = "
-            f"{static[bad]} > offsets[{bad + 1}] = {static[bad + 1]}."
-        )
     return np.diff(static), static[:-1]
 
 
@@ -198,13 +182,8 @@ def _working_ids(ids, num_segments, clip, xp):
 def _num_segments(name, num_segments):
     """``num_segments`` checked: a static int ``>= 0`` that fits the plans' int32 indices (its
     ``S + 1`` bounds)."""
-    try:
-        num_segments = operator.index(num_segments)
-    except TypeError:
-        raise TypeError(
-            f"{name}: num_segments must be a static Python int, got {type(num_segments).__name__}; "
-            f"under jit mark it static (static_argnames) or pass it as a literal."
-        ) from None
+    fix = "under jit mark it static (static_argnames) or pass it as a literal"
+    num_segments = _checks.static_int(name, "num_segments", num_segments, fix)
     if num_segments < 0:
         raise ValueError(f"{name}: num_segments must be >= 0, got {num_segments}.")
     if num_segments > _MAX_SEGMENTS:
