@@ -536,23 +536,10 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
             return _local(name, k, x, y, monoid, block_size, m, n, (), y_axes)
         return _local(name, k, x, y, monoid, block_size, m, n, y_axes)
 
-    x = _shard.place(x, mesh, _shard.rows_spec(x_axes))
-    y = _shard.place(y, mesh, _shard.rows_spec(y_axes))
-    consts = _shard.place(consts, mesh, lambda a: P())
+    specs = tuple(jax.tree.map(_shard.rows_spec(a), t) for a, t in ((x_axes, x), (y_axes, y)))
     out = P(x_axes or None)
-    run = jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(
-            jax.tree.map(_shard.rows_spec(x_axes), x),
-            jax.tree.map(_shard.rows_spec(y_axes), y),
-            [P() for _ in consts],
-        ),
-        out_specs=(out, out) if isinstance(monoid, KMin | ExtremumWithIndex) else out,
-        axis_names=_shard.manual_axes(mesh, x_axes + y_axes),
-        check_vma=False,
-    )
-    return run(x, y, consts)
+    out = (out, out) if isinstance(monoid, KMin | ExtremumWithIndex) else out
+    return _shard.run_replayed(body, mesh, x_axes + y_axes, (x, y), specs, consts, out)
 
 
 def _empty(monoid, kernel, x, y, m):

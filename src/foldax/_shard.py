@@ -245,6 +245,29 @@ def unmeshed():
     return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
 
 
+def run_replayed(body, mesh, axes, inputs, specs, consts, out_specs):
+    """``body(*inputs, consts)`` under one ``shard_map`` over ``mesh``: ``inputs[i]`` (a pytree)
+    split as ``specs[i]`` (a pytree of ``PartitionSpec`` like it), ``consts`` (the arrays a
+    replayed user callable closes over, see :func:`replayable`) replicated, the ``axes``
+    splitting the rows and every Explicit axis manual. Inputs on Explicit axes are resharded
+    to their specs first. Varying-axes typing is off (``check_vma=False``): a replayed trace
+    has untyped constants, and the fold's rules follow the matching cotangent convention."""
+    inputs = [
+        jax.tree.map(lambda a, s: place(a, mesh, lambda _: s), x, spec)
+        for x, spec in zip(inputs, specs, strict=True)
+    ]
+    consts = place(consts, mesh, lambda a: P())
+    run = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(*specs, [P() for _ in consts]),
+        out_specs=out_specs,
+        axis_names=manual_axes(mesh, axes),
+        check_vma=False,
+    )
+    return run(*inputs, consts)
+
+
 def place(tree, mesh, spec_of):
     """Reshard every leaf to ``spec_of(leaf)`` on ``mesh`` where its mesh axes are Explicit
     (``shard_map`` requires the types to match); with Auto axes ``shard_map`` does it itself."""
@@ -267,6 +290,7 @@ __all__ = [
     "replicated_cotangent",
     "row_axes",
     "rows_spec",
+    "run_replayed",
     "spec_axes",
     "to_varying",
     "types_checked",

@@ -165,9 +165,7 @@ def _on_mesh(mesh, axes, local, data, part, fn, per_row):
     ``sizes`` / ``offsets`` and the arrays ``fn`` closes over are replicated.
 
     ``fn`` is traced here for a block of rows and replayed inside (``vmap`` ped), with the arrays it
-    closes over passed in explicitly (``shard_map`` cannot close over arrays on Explicit axes).
-    The ``shard_map`` leaves varying-axes typing off (``check_vma=False``): a replayed trace has
-    untyped constants; the fold's rules follow the matching cotangent convention.
+    closes over passed in explicitly (:func:`foldax._shard.run_replayed`).
     """
     split = P(axes or None)
     arrays = part.arrays()
@@ -178,20 +176,11 @@ def _on_mesh(mesh, axes, local, data, part, fn, per_row):
     def body(data, arrays, consts):
         return local(data, arrays, replay(consts))
 
-    data = _shard.place(data, mesh, _shard.rows_spec(axes))
-    arrays = tuple(
-        _shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, arr_specs, strict=True)
+    data_specs = jax.tree.map(_shard.rows_spec(axes), data)
+    out = split if per_row else P()
+    return _shard.run_replayed(
+        body, mesh, axes, (data, arrays), (data_specs, arr_specs), consts, out
     )
-    consts = _shard.place(consts, mesh, lambda a: P())
-    run = jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(jax.tree.map(_shard.rows_spec(axes), data), arr_specs, [P() for _ in consts]),
-        out_specs=split if per_row else P(),
-        axis_names=_shard.manual_axes(mesh, axes),
-        check_vma=False,
-    )
-    return run(data, arrays, consts)
 
 
 def _replayable(fn, data):
