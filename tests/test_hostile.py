@@ -396,3 +396,37 @@ def test_vmap_over_an_empty_batch():
     z = jnp.ones(6, jnp.complex64)
     assert jax.vmap(lambda v: foldax.cauchy(v, z, w))(v).shape == (0, 6)
     assert jax.jit(jax.vmap(lambda v: foldax.vandermonde(v, w, 6)))(v).shape == (0, 6)
+
+
+def test_users_who_forbid_rank_promotion(rng):
+    """A codebase that sets ``jax_numpy_rank_promotion="raise"`` can call every family, with
+    its derivatives and under ``vmap``: foldax's own code broadcasts only explicitly."""
+    x = jnp.asarray(rng.standard_normal((50, 3)), jnp.float32)
+    ids = jnp.asarray(np.sort(rng.integers(0, 5, 50)), jnp.int32)
+    sizes = [10, 0, 15, 25]
+    p = jnp.asarray(rng.standard_normal((30, 3)), jnp.float32)
+    sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+    t = jnp.ones(3, jnp.float32)
+    fn = lambda r, t: r @ t  # noqa: E731
+    w = jnp.asarray(rng.standard_normal((4, 8)) + 1j, jnp.complex64)
+    z = jnp.asarray(rng.standard_normal(16) + 1j * rng.standard_normal(16), jnp.complex64)
+    with jax.numpy_rank_promotion("raise"):
+        for f in (foldax.segment_sum, foldax.segment_max, foldax.segment_logsumexp,
+                  foldax.segment_var, foldax.segment_softmax, foldax.segment_argmax):  # fmt: skip
+            jax.vmap(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t)))(jnp.ones((4, 3)))
+            jax.jit(lambda a, f=f: f(a, ids, 5, indices_are_sorted=True))(x)
+            f(x[:, 0], jnp.asarray(rng.integers(0, 5, 50), jnp.int32), 5)
+            if f is not foldax.segment_argmax:
+                loss = lambda t, f=f: jnp.sum(f(x, sizes=sizes, fn=lambda r: fn(r, t)) ** 2)  # noqa: E731
+                jax.grad(loss)(t)
+                jax.jacfwd(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t)))(t)
+        for red, kw in (("sum", {}), ("min", {}), ("argmin", {}), ("min_argmin", {}),
+                        ("kmin", {"k": 3}), ("logsumexp", {})):  # fmt: skip
+            first = lambda q, red=red, kw=kw: jax.tree.leaves(  # noqa: E731
+                foldax.pairwise_reduce(sq, q, p, reduction=red, mask=lambda i, j: i >= j, **kw)
+            )[0]
+            first(p)
+            if red not in ("argmin",):
+                jax.grad(lambda q, first=first: jnp.sum(first(q).astype(jnp.float32)))(p)
+        jax.grad(lambda v: jnp.sum(jnp.abs(foldax.cauchy(v, z, w))))(w)
+        jax.grad(lambda v: jnp.sum(jnp.abs(foldax.vandermonde(v, w, 16))))(w)

@@ -205,7 +205,7 @@ class TilePlan:
         start = jnp.where(valid, self.offsets[segc] + k * self.tile, 0).astype(jnp.int32)
         ln = jnp.where(valid, jnp.clip(self.sizes[segc] - k * self.tile, 0, self.tile), 0)
         actual = jnp.minimum(start, self.n - self.tile)  # clamp: never read past the end
-        r = actual[:, None] + jnp.arange(self.tile, dtype=jnp.int32)
+        r = actual[:, None] + jnp.arange(self.tile, dtype=jnp.int32)[None, :]
         mask = (r >= start[:, None]) & (r < (start + ln)[:, None])
         return actual, jnp.where(valid, seg, self.num_segments), mask
 
@@ -217,7 +217,7 @@ class TilePlan:
             tiles = jax.vmap(lambda s: lax.dynamic_slice_in_dim(a, s, t))(actual)
             return tiles.reshape((self.group * t, *a.shape[1:]))
 
-        index = self.first + actual[:, None] + jnp.arange(t, dtype=jnp.int32)  # global rows
+        index = self.first + actual[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # global
         return Step(jax.tree.map(gather, rows), seg, mask, actual, mask.reshape(-1), index)
 
     def gather(self, slots, seg):

@@ -64,7 +64,7 @@ def _hits(hit):
     c = code.astype(jnp.int32)
     within = jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
     base = jnp.arange(hit.shape[1], dtype=jnp.int32) * w
-    return jnp.sum(c, 1, dtype=jnp.int32), jnp.sum(within + c * base, 1, dtype=jnp.int32)
+    return jnp.sum(c, 1, dtype=jnp.int32), jnp.sum(within + c * base[None, :], 1, dtype=jnp.int32)
 
 
 def _insert_at(keys, idx, v, index, take, col):
