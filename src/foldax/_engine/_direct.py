@@ -8,7 +8,9 @@ is this scatter). Such a fold carries ``Spec.direct``; :class:`foldax._engine._p
 lowers it here, and its derived folds are direct too (the tangent of a scatter-add is the
 scatter-add of the tangent rows, its transpose the gather of the cotangent).
 
-Only a fold that is not batched is lowered directly. Under ``vmap`` XLA's scatter wants the
+Only a fold that is not batched, and lowered for CPU, is lowered directly (XLA:GPU's scatter-add
+into few segments has been reported far slower than the walk; the primitive registers a CPU
+lowering of its own, :mod:`._registration`). Under ``vmap`` XLA's scatter wants the
 scattered axis outermost and copies the whole batch of rows to get it (``(B, N) -> (N, B)``),
 where the tile walk stays within the budget and is faster too; a batched fold keeps the walk.
 
@@ -51,10 +53,13 @@ def lower(kind, out_avals, num_slots, arrays, consts, slots, rows):
     return ((), (), (ct.astype(row_avals[0].dtype),))
 
 
-def applies(kind, spec, scale) -> bool:
-    """Whether a fold of ``kind`` (or ``None``) lowers directly: unbatched, on one device."""
+def applies(kind, spec, scale, platform) -> bool:
+    """Whether a fold of ``kind`` (or ``None``) lowers directly: unbatched, on one device, on
+    CPU (XLA:GPU's scatter-add into few segments has been reported far slower than the walk:
+    there the walk stays until a device measurement says otherwise)."""
     return (
         kind is not None
+        and platform == "cpu"
         and scale == 1
         and not (spec.axes or spec.ring)
         and spec.pair_mask is None

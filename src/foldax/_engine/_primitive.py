@@ -33,6 +33,8 @@ small per-slot outputs.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.interpreters.ad import Zero
@@ -233,9 +235,10 @@ class Fold(_Rules):
         self.params = dict(spec=spec)
         super().__init__()
 
-    def expand(self, *args):
+    def expand(self, *args, platform=None):
+        """The fold's implementation, lowered for ``platform`` (``"cpu"``, ...)."""
         spec, args = self.spec, jax.tree.map(jnp.asarray, args)
-        if _direct.applies(spec.direct, spec, spec.scale):
+        if _direct.applies(spec.direct, spec, spec.scale, platform):
             return _direct.lower(spec.direct, self.out_aval, spec.plan.num_slots, *args)
         units = plan_units(spec, self.in_avals)
         return _run(spec, units, self.out_aval, *args)
@@ -334,11 +337,11 @@ class Batched(_Rules):
     def spec(self):
         return self.inner.spec
 
-    def expand(self, *args):
+    def expand(self, *args, platform=None):
         if self.size == 0:  # an empty batch: empty outputs, nothing to plan or run
             return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self.out_aval)
-        inner = self.inner.scaled(self.size)
-        vmapped = jax.vmap(inner.expand, in_axes=self.dims, out_axes=0, axis_size=self.size)
+        inner = functools.partial(self.inner.scaled(self.size).expand, platform=platform)
+        vmapped = jax.vmap(inner, in_axes=self.dims, out_axes=0, axis_size=self.size)
         return vmapped(*args)
 
     def scaled(self, k):

@@ -81,8 +81,9 @@ def _abstract_eval(*avals, fold_rule):
     return fold_rule.out_avals_flat
 
 
-def _expand(*args, fold_rule):
-    return _flatten_out(fold_rule, fold_rule.expand(*_unflatten_in(fold_rule, args)))
+def _expand(*args, fold_rule, platform=None):
+    out = fold_rule.expand(*_unflatten_in(fold_rule, args), platform=platform)
+    return _flatten_out(fold_rule, out)
 
 
 @functools.lru_cache(maxsize=64)
@@ -119,6 +120,11 @@ def _batch(axis_data, args, dims, *, fold_rule):
 fold_p.def_abstract_eval(_abstract_eval)
 fold_p.def_impl(_impl)
 mlir.register_lowering(fold_p, mlir.lower_fun(_expand, multiple_results=True))
+mlir.register_lowering(
+    fold_p,
+    mlir.lower_fun(functools.partial(_expand, platform="cpu"), multiple_results=True),
+    platform="cpu",
+)
 ad.primitive_jvps[fold_p] = _jvp
 ad.primitive_transposes[fold_p] = _transpose
 batching.fancy_primitive_batchers[fold_p] = _batch
