@@ -221,7 +221,7 @@ def reference(name, values, ids, num_segments, out_dtype=None):
 def _dense_lse(seg):
     m = jax.lax.stop_gradient(jnp.max(seg, axis=0))
     m = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
-    s = jnp.sum(jnp.exp(seg - m), axis=0)
+    s = jnp.sum(jnp.exp(seg - m[None]), axis=0)
     pos = s > 0
     return jnp.where(pos, m + jnp.log(jnp.where(pos, s, jnp.ones_like(s))), -jnp.inf)
 
@@ -241,8 +241,8 @@ def _dense_one(name, seg):
     if name == "logmeanexp":
         return _dense_lse(seg) - np.log(n).astype(seg.dtype)
     if name == "log_softmax":
-        return seg - _dense_lse(seg)
-    return jnp.exp(seg - _dense_lse(seg))
+        return seg - _dense_lse(seg)[None]
+    return jnp.exp(seg - _dense_lse(seg)[None])
 
 
 def dense(name, values, ids, num_segments):

@@ -163,7 +163,11 @@ def test_cauchy_and_vandermonde_reverse_over_reverse(rng):
 
     def cauchy(t, fold):
         wt = w + t.astype(jnp.complex64)
-        k = foldax.cauchy(v, z, wt) if fold else jnp.sum(v / (z[:, None] - wt), axis=-1)
+        k = (
+            foldax.cauchy(v, z, wt)
+            if fold
+            else jnp.sum(v[None, :] / (z[:, None] - wt[None, :]), axis=-1)
+        )
         return jnp.sum(jnp.abs(k) ** 2)
 
     _check_second_order(lambda t: cauchy(t, True), lambda t: cauchy(t, False), theta)
@@ -175,7 +179,7 @@ def test_cauchy_and_vandermonde_reverse_over_reverse(rng):
         k = (
             foldax.vandermonde(v, x, length)
             if fold
-            else jnp.sum(v[:, None] * jnp.exp(x[:, None] * ell), axis=0)
+            else jnp.sum(v[:, None] * jnp.exp(x[:, None] * ell[None, :]), axis=0)
         )
         return jnp.sum(jnp.abs(k) ** 2)
 

@@ -61,7 +61,14 @@ def np_cauchy(v, z, w, conjugate=False):
     return terms.sum(-1), np.abs(terms).sum(-1).max()
 
 
+def _same_rank(*arrays):
+    """The arrays with leading singleton axes up to the largest rank (explicit broadcasting)."""
+    rank = max(a.ndim for a in arrays)
+    return [a.reshape((1,) * (rank - a.ndim) + a.shape) for a in arrays]
+
+
 def dense_cauchy(v, z, w, conjugate=False):
+    v, z, w = _same_rank(v, z, w)
     terms = v[..., None, :] / (z[..., :, None] - w[..., None, :])
     if conjugate:
         terms = terms + jnp.conj(v)[..., None, :] / (z[..., :, None] - jnp.conj(w)[..., None, :])
@@ -87,7 +94,8 @@ def np_vandermonde(v, x, length, conjugate=False):
 
 def dense_vandermonde(v, x, length, conjugate=False):
     ls = jnp.arange(length).astype(x.dtype)
-    out = jnp.sum(v[..., None, :] * jnp.exp(x[..., None, :] * ls[:, None]), axis=-1)
+    v, x, ls = _same_rank(v[..., None, :], x[..., None, :], ls[:, None])
+    out = jnp.sum(v * jnp.exp(x * ls), axis=-1)
     return 2 * jnp.real(out) if conjugate else out
 
 
@@ -509,7 +517,7 @@ def test_vandermonde_transpose_gradients_and_vmap(rng):
         return jnp.sum(jnp.abs(foldax.vandermonde_transpose(u, v, x)) ** 2)
 
     def dense(u, v, x):
-        e = jnp.exp(x[:, None] * jnp.arange(u.shape[-1]).astype(x.dtype))
+        e = jnp.exp(x[:, None] * jnp.arange(u.shape[-1]).astype(x.dtype)[None, :])
         return jnp.sum(jnp.abs(v * (e @ u.astype(x.dtype))) ** 2)
 
     got = jax.grad(loss, argnums=(0, 1, 2))(u, v, x)

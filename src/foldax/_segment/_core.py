@@ -137,7 +137,9 @@ def _segment(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows, clip
     )
     chunk = _chunk(name, chunk_size)
-    if mesh is None and _fold.scatters(fn, aval.dtype, monoid, axes):
+    # Known sorted ids scatter by their ids on CPU; elsewhere their contiguous tiles stay.
+    on_cpu = jax.default_backend() == "cpu"
+    if mesh is None and on_cpu and _fold.scatters(fn, aval.dtype, monoid, axes):
         part = getattr(part, "by_ids", lambda: None)() or part
 
     if isinstance(part, _Empty):

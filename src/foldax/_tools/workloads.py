@@ -34,7 +34,7 @@ def seed_sizes() -> list[int]:
 
 def model(theta, x):
     """The per-row model: a Gaussian log-density up to a constant, ``-|x - theta|^2 / 2``."""
-    return -0.5 * jnp.sum((x - theta) ** 2, axis=-1)
+    return -0.5 * jnp.sum((x - jnp.expand_dims(theta, -2)) ** 2, axis=-1)
 
 
 def model_f64(theta, x):
