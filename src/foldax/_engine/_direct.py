@@ -53,14 +53,14 @@ def lower(kind, out_avals, num_slots, arrays, consts, slots, rows):
     return ((), (), (ct.astype(row_avals[0].dtype),))
 
 
-def applies(kind, spec, scale, platform) -> bool:
+def applies(kind, spec, platform) -> bool:
     """Whether a fold of ``kind`` (or ``None``) lowers directly: unbatched, on one device, on
     CPU (XLA:GPU's scatter-add into few segments has been reported far slower than the walk:
     there the walk stays until a device measurement says otherwise)."""
     return (
         kind is not None
         and platform == "cpu"
-        and scale == 1
+        and spec.scale == 1
         and not (spec.axes or spec.ring)
         and spec.pair_mask is None
         and spec.plan.kind == "rows"

@@ -238,7 +238,7 @@ class Fold(_Rules):
     def expand(self, *args, platform=None):
         """The fold's implementation, lowered for ``platform`` (``"cpu"``, ...)."""
         spec, args = self.spec, jax.tree.map(jnp.asarray, args)
-        if _direct.applies(spec.direct, spec, spec.scale, platform):
+        if _direct.applies(spec.direct, spec, platform):
             return _direct.lower(spec.direct, self.out_aval, spec.plan.num_slots, *args)
         units = plan_units(spec, self.in_avals)
         return _run(spec, units, self.out_aval, *args)
