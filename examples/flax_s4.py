@@ -31,7 +31,7 @@ from foldax.memory import format_bytes, report
 
 def cauchy_naive(v, z, w):
     """``(N,), (L,), (N,) -> (L,)`` with the ``(L, N)`` matrix materialized."""
-    return jnp.sum(v / (z[:, None] - w), axis=-1)
+    return jnp.sum(v[None, :] / (z[:, None] - w[None, :]), axis=-1)
 
 
 def cauchy_stand_in(v, z, w):

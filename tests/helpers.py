@@ -1,5 +1,8 @@
-"""Shared test helpers: the tolerance table, the one comparison helper, data generators and
-references (float64 NumPy/SciPy for values, dense plain-``jnp`` for gradients)."""
+"""Shared test helpers: the tolerance table, the one comparison helper, partitions and data,
+calling a reduction with a partition in each of its forms, and many reductions per compilation.
+
+The reductions and their references (float64 NumPy/SciPy for values, dense plain-``jnp`` for
+derivatives) are in :mod:`registry`; they are re-exported here."""
 
 from __future__ import annotations
 
@@ -8,9 +11,19 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.special
-
-import foldax
+import registry
+from registry import (  # noqa: F401  (re-exported: the references live in the registry)
+    NO_INDEX,
+    PAIRWISE,
+    SEGMENT,
+    SHIFTS,
+    dense,
+    dense_matrix,
+    identity,
+    pairwise_dense,
+    pairwise_reference,
+    reference,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Tolerances: the ONLY place where tolerances live.
@@ -78,26 +91,27 @@ def data_scale(*arrays) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# The public API
+# The public API: names by group (the reductions themselves are in registry.py)
 
 REDUCTIONS = ("sum", "mean", "max", "min", "logsumexp", "logmeanexp")
-NORMALIZERS = ("softmax", "log_softmax")
+NORMALIZERS = registry.NORMALIZERS
 ALL = REDUCTIONS + NORMALIZERS
+#: the reductions beyond those of ``jax.ops`` and ``jax.nn``'s softmax family
+MORE = ("prod", "var", "std", "argmax", "argmin")
+EVERY = registry.EVERY
+DIFFERENTIABLE = registry.DIFFERENTIABLE
+INDEX = registry.INDEX  # argmax, argmin
 LOG_FAMILY = ("logsumexp", "logmeanexp", "softmax", "log_softmax")
-INT_OK = ("sum", "max", "min")
-PUBLIC_NAMES = {name: f"foldax.segment_{name}" for name in ALL}
+INT_OK = tuple(n for n in ALL if SEGMENT[n].int_ok)
+PUBLIC_NAMES = {name: SEGMENT[name].public_name for name in EVERY}
 
 
 def op(name):
-    return getattr(foldax, f"segment_{name}")
+    return SEGMENT[name].fn
 
 
 # ----------------------------------------------------------------------------------------------
 # Random partitions and data
-
-#: Per-segment shifts of the generated data: the scales of neighbouring segments differ by 1000
-#: (and a segment whose max is ~-1000 underflows ``exp`` in any dtype).
-SHIFTS = (-1000.0, 0.0, 1000.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,121 +165,37 @@ def segment_data(rng, ids, num_segments, feature_shape=(), dtype=np.float32, shi
     return x.astype(dtype)
 
 
-# ----------------------------------------------------------------------------------------------
-# float64 NumPy / SciPy references, one segment at a time
+def sample(rng, names, ids, num_segments, feature_shape=(), dtype=np.float32):
+    """``{name: data}``: :func:`segment_data` with the shifts each reduction's data may take, in
+    its domain (:class:`registry.SegmentReduction`); one draw for all the names that take the
+    same shifts (for names that all take :data:`SHIFTS`: the one draw of ``segment_data(rng,
+    ids, num_segments, feature_shape, dtype)``)."""
+    drawn = {}
+    for name in names:
+        shifts = SEGMENT[name].shifts
+        if shifts not in drawn:
+            drawn[shifts] = segment_data(rng, ids, num_segments, feature_shape, dtype, shifts)
+    return {n: np.asarray(SEGMENT[n].domain(drawn[SEGMENT[n].shifts]), dtype) for n in names}
 
 
-def _identity(name, dtype):
-    dtype = np.dtype(dtype)
-    if name == "sum":
-        return 0
-    if name in ("max", "min") and np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return info.min if name == "max" else info.max
-    return {
-        "mean": np.nan,
-        "max": -np.inf,
-        "min": np.inf,
-        "logsumexp": -np.inf,
-        "logmeanexp": np.nan,
-    }[name]
+def weights(rng, shape):
+    """Normal weights ``shape`` scaled by ``1 / shape[-2]``: ``x @ w`` stays of order ``x``."""
+    return (rng.standard_normal(shape) / shape[-2]).astype(np.float32)
 
 
-def _reduce_one(name, seg):
-    n = seg.shape[0]
-    with np.errstate(all="ignore"):
-        if name == "sum":
-            return seg.sum(0)
-        if name == "mean":
-            return seg.mean(0)
-        if name == "max":
-            return seg.max(0)
-        if name == "min":
-            return seg.min(0)
-        lse = scipy.special.logsumexp(seg, axis=0)
-        return lse if name == "logsumexp" else lse - np.log(n)
+def fn_inputs(rng, ids, num_segments, features=5, outputs=3, shift=1000.0):
+    """Rows ``x`` and params ``w`` such that ``x @ w`` has per-segment scales -shift / 0 / +shift.
 
-
-def reference(name, values, ids, num_segments, out_dtype=None):
-    """Reference of ``segment_<name>`` on ``values`` ``(N, ...)`` with row ids ``ids``.
-
-    Floating values are computed in float64; integer values keep ``out_dtype``.
+    The shift comes from the last column of ``x`` (-1, 0 or 1 per segment) times the last row of
+    ``w`` (``shift``), not from ``x`` being ~1000: the gradient wrt ``w`` is then a
+    well-conditioned sum (with ``|x| ~ 1000`` it would cancel to ~1e-3 of its terms, beyond
+    float32).
     """
-    values = np.asarray(values)
-    ids = np.asarray(ids)
-    is_int = np.issubdtype(values.dtype, np.integer)
-    work = values.astype(np.int64 if is_int else np.float64)
-    feat = values.shape[1:]
-    if name in NORMALIZERS:
-        out = np.full(values.shape, np.nan)
-        for s in range(num_segments):
-            idx = ids == s
-            if not idx.any():
-                continue
-            with np.errstate(all="ignore"):
-                z = work[idx] - scipy.special.logsumexp(work[idx], axis=0)
-                out[idx] = z if name == "log_softmax" else np.exp(z)
-        return out
-    out_dtype = out_dtype or (values.dtype if is_int else np.float64)
-    out = np.empty((num_segments, *feat), dtype=out_dtype)
-    for s in range(num_segments):
-        seg = work[ids == s]
-        out[s] = _reduce_one(name, seg) if seg.shape[0] else _identity(name, out_dtype)
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Dense plain-jnp references, differentiable (for gradients), one static segment at a time
-
-
-def _dense_lse(seg):
-    m = jax.lax.stop_gradient(jnp.max(seg, axis=0))
-    m = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
-    s = jnp.sum(jnp.exp(seg - m[None]), axis=0)
-    pos = s > 0
-    return jnp.where(pos, m + jnp.log(jnp.where(pos, s, jnp.ones_like(s))), -jnp.inf)
-
-
-def _dense_one(name, seg):
-    n = seg.shape[0]
-    if name == "sum":
-        return jnp.sum(seg, axis=0)
-    if name == "mean":
-        return jnp.mean(seg, axis=0)
-    if name == "max":
-        return jnp.max(seg, axis=0)
-    if name == "min":
-        return jnp.min(seg, axis=0)
-    if name == "logsumexp":
-        return _dense_lse(seg)
-    if name == "logmeanexp":
-        return _dense_lse(seg) - np.log(n).astype(seg.dtype)
-    if name == "log_softmax":
-        return seg - _dense_lse(seg)[None]
-    return jnp.exp(seg - _dense_lse(seg)[None])
-
-
-def dense(name, values, ids, num_segments):
-    """Plain-jnp ``segment_<name>`` of ``values`` (a jnp array, may be traced) by static ``ids``."""
-    ids = np.asarray(ids)
-    feat = values.shape[1:]
-    if name in NORMALIZERS:
-        out = jnp.full(values.shape, jnp.nan, values.dtype)
-        for s in range(num_segments):
-            rows = np.flatnonzero(ids == s)
-            if rows.size:
-                out = out.at[rows].set(_dense_one(name, values[rows]))
-        return out
-    parts = []
-    for s in range(num_segments):
-        rows = np.flatnonzero(ids == s)
-        if rows.size:
-            parts.append(_dense_one(name, values[rows]))
-        else:
-            parts.append(jnp.full(feat, _identity(name, values.dtype), values.dtype))
-    if not parts:
-        return jnp.zeros((0, *feat), values.dtype)
-    return jnp.stack(parts)
+    x = rng.standard_normal((len(ids), features)).astype(np.float32)
+    x[:, -1] = rng.choice([-1.0, 0.0, 1.0], size=num_segments + 1)[np.clip(ids, 0, num_segments)]
+    w = weights(rng, (features, outputs))
+    w[-1] = shift
+    return x, w
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,10 +220,11 @@ def permute_rows(rng, ids, *trees):
     return (np.asarray(ids)[perm], *(jax.tree.map(lambda a: a[perm], t) for t in trees))
 
 
-def apply(name, data, ids, num_segments, form, *, chunk_size=7, fn=None):
-    """``segment_<name>(data, ...)`` with the partition of row ids ``ids`` passed as ``form``."""
+def apply(name, data, ids, num_segments, form, *, chunk_size=7, fn=None, **kw):
+    """``segment_<name>(data, ...)`` with the partition of row ids ``ids`` passed as ``form``
+    (``kw``: more keywords, e.g. ``ddof``)."""
     f = op(name)
-    kw = {"fn": fn, "chunk_size": chunk_size}
+    kw = {"fn": fn, "chunk_size": chunk_size, **kw}
     ids = np.asarray(ids)
     if form in ("sizes", "offsets", "jit_sizes", "jit_offsets", "sorted_ids", "jit_sorted_ids"):
         assert np.all(np.diff(ids) >= 0), f"form {form!r} needs sorted ids"
@@ -317,6 +248,36 @@ def apply(name, data, ids, num_segments, form, *, chunk_size=7, fn=None):
     if form == "jit_unsorted_ids":
         return jax.jit(lambda d, i: f(d, i, num_segments, **kw))(data, jnp.asarray(ids, jnp.int32))
     raise ValueError(form)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking a result against the registry's float64 reference
+
+
+def expect(
+    name, out, values, ids, num_segments, *, dtype=np.float32, scale=None, ddof=0, err_msg=""
+):
+    """``out`` of ``segment_<name>`` against the float64 reference computed from ``values``
+    (= fn(data)): indices exactly (and int32), values with the tolerance of ``dtype`` and
+    ``scale`` (by default the magnitude of ``values``)."""
+    ref = reference(name, values, ids, num_segments, ddof=ddof)
+    if SEGMENT[name].index:
+        assert out.dtype == jnp.int32, f"{out.dtype}. {err_msg}"
+        np.testing.assert_array_equal(out, ref, err_msg=err_msg)
+        return
+    scale = data_scale(values) if scale is None else scale
+    assert_allclose(out, ref, dtype=dtype, scale=scale, err_msg=err_msg)
+
+
+def expect_each(outs, values, ids, num_segments, err_msg=""):
+    """:func:`expect` for every ``{name: out}`` of ``outs`` (float32); ``values``: one array for
+    all, or ``{name: values}``; one report for all that fail."""
+
+    def check(n):
+        v = values[n] if isinstance(values, dict) else values
+        expect(n, outs[n], v, ids, num_segments, err_msg=err_msg)
+
+    check_each(outs, check)
 
 
 # ----------------------------------------------------------------------------------------------

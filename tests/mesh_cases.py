@@ -186,11 +186,11 @@ def test_segment_axis_name_inside_shard_map(rng, check_vma, form):
     def run(name, x, theta, ids, axis):
         f, kw = op(name), {"axis_name": axis} if axis else {}
         if form == "sizes":
-            return f(x * theta, sizes=sizes, **kw)
+            return f(x * theta[None, :], sizes=sizes, **kw)
         if form == "unsorted_ids":
-            return f(x * theta, ids, s, **kw)
+            return f(x * theta[None, :], ids, s, **kw)
         # A model with a Python-scalar constant: it must replay inside shard_map.
-        return f(x, sizes=sizes, fn=lambda r: -0.5 * jnp.sum((r - theta) ** 2, -1), **kw)
+        return f(x, sizes=sizes, fn=lambda r: -0.5 * jnp.sum((r - theta[None, :]) ** 2, -1), **kw)
 
     def dist(name, x, theta, ids):
         x = jax.reshard(x, NamedSharding(EXPLICIT, P("d")))

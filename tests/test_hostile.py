@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_allclose
+from helpers import assert_allclose, pairwise_reference
 
 import foldax
 
@@ -194,9 +194,10 @@ def test_debug_checks_catch_bad_traced_partitions(kwargs, match):
 
 
 def _attention_reference(q, k, v):
+    """The registry's softmax of the attention kernel ``(q . k, v)``, in float64."""
     logits = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    return (p / p.sum(1, keepdims=True)) @ np.asarray(v, np.float64)
+    vals = np.broadcast_to(np.asarray(v, np.float64)[None], (*logits.shape, v.shape[-1]))
+    return pairwise_reference("softmax", (logits, vals))
 
 
 def test_mixed_precision_attention(rng):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_allclose
+from helpers import assert_allclose, pairwise_reference
 
 import foldax
 from foldax import _closure, _eager
@@ -101,7 +101,7 @@ def test_eager_calls_never_use_stale_closed_over_values():
     w = jnp.ones(3, jnp.float32)
 
     def fn(r):
-        return r * w  # reads the cell each call
+        return r * w[None, :]  # reads the cell each call
 
     values = [jnp.full(3, 3.0, jnp.float32), jnp.asarray([1.0, -1.0, 0.5], jnp.float32)]
     first = foldax.segment_sum(X, IDS, num_segments=5, fn=fn)
@@ -112,7 +112,7 @@ def test_eager_calls_never_use_stale_closed_over_values():
         third = foldax.segment_sum(X, IDS, num_segments=5, fn=fn)
     assert c.count == 0  # new values are arguments of the same executable
     assert_allclose(second, 3 * first, dtype=jnp.float32)
-    assert_allclose(third, first * values[1], dtype=jnp.float32)
+    assert_allclose(third, first * values[1][None, :], dtype=jnp.float32)
 
 
 _SCALE = 2.0
@@ -139,7 +139,7 @@ def test_eager_kernel_and_mask_closures_are_inputs():
 
     def dense(s, kept):
         d = np.asarray(((X[:, None] * s - y[None]) ** 2).sum(-1))
-        return np.where(np.asarray(kept)[None, :] == 1, d, np.inf).min(1)
+        return pairwise_reference("min", d, valid=np.asarray(kept)[None, :] == 1)
 
     def call(scale, kept):  # fresh closures over new arrays: the same executable
         return foldax.pairwise_reduce(
@@ -196,8 +196,8 @@ def test_structure_keys():
     assert key(lambda r: jnp.sort(r, axis=0)) != key(lambda r: jnp.sort(r, axis=1))
     lookup = jnp.arange(3.0)
     other = lookup + 1
-    c1, consts = _closure.trace(lambda r: r * lookup, ex)
-    assert len(consts) == 1 and c1 == _closure.trace(lambda r: r * other, ex)[0]
+    c1, consts = _closure.trace(lambda r: r * lookup[None, :], ex)
+    assert len(consts) == 1 and c1 == _closure.trace(lambda r: r * other[None, :], ex)[0]
 
 
 def _rss_mb():
@@ -212,7 +212,7 @@ def test_many_eager_calls_keep_host_memory():
 
     def call(i):
         w = jnp.full(3, float(i))
-        a = foldax.segment_max(X, IDS, num_segments=5, fn=lambda r: r * w)
+        a = foldax.segment_max(X, IDS, num_segments=5, fn=lambda r: r * w[None, :])
         b = foldax.segment_logsumexp(X, IDS, num_segments=5)
         return a, b
 

@@ -1,7 +1,14 @@
-"""foldax.pairwise_reduce against dense float64 NumPy references and dense jnp gradients.
+"""foldax.pairwise_reduce against the registry's float64 NumPy references (one per reduction,
+on the dense kernel matrix) and dense jnp gradients: every reduction on pytree, array, complex,
+integer, NaN and half-precision kernels; k-min over many tiles; softmax (attention); the
+weighted log-sum-exp; min / max with their index in one pass; masks that remove pairs and skip
+tiles (causal, sliding-window, block-sparse); gradients, vmap and jit; memory flat in M * N; and
+the errors.
 
 Most tests evaluate several reductions inside one ``jax.jit`` (compiling dominates the run time)
 and report every reduction that fails. ``M = 37`` and ``N = 53`` are multiples of no block size.
+Edge cases of the index reductions (values at the ends of the dtype) are in
+test_pairwise_edges.py.
 """
 
 from __future__ import annotations
@@ -10,8 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.special
-from helpers import assert_allclose, data_scale, tol
+from helpers import (
+    assert_allclose,
+    data_scale,
+    dense_matrix,
+    pairwise_dense,
+    pairwise_reference,
+    tol,
+)
 from helpers import check_each as _check_each_segment
 from jax import lax
 from jax.test_util import check_grads
@@ -34,61 +47,10 @@ FLOAT_REDUCTIONS = ("sum", "logsumexp", "max", "min")
 INDEX_REDUCTIONS = ("argmax", "argmin")
 
 
-# ----------------------------------------------------------------------------------------------
-# References
-
-
-def np_reduce(reduction, d, k=None):
-    """``reduction`` over axis 1 of the dense float64 kernel matrix ``d`` ``(M, N, *F)``."""
-    with np.errstate(all="ignore"):
-        if reduction == "sum":
-            return d.sum(1)
-        if reduction == "logsumexp":
-            return scipy.special.logsumexp(d, axis=1)
-        if reduction == "max":
-            return d.max(1)
-        if reduction == "min":
-            return d.min(1)
-        if reduction == "argmax":
-            return np.argmax(d, axis=1)
-        if reduction == "argmin":
-            return np.argmin(d, axis=1)
-        if reduction == "kmin":
-            idx = np.argsort(d, axis=1, kind="stable")[:, :k]
-            return np.take_along_axis(d, idx, axis=1), idx
-    raise ValueError(reduction)
-
-
-def dense_matrix(kernel, x, y):
-    """The ``(M, N, ...)`` kernel matrix in plain jnp (differentiable)."""
-    return jax.vmap(lambda xi: jax.vmap(lambda yj: kernel(xi, yj))(y))(x)
-
-
 def dense_reduce(reduction, kernel, x, y, k=None):
-    """Plain-jnp reference of ``pairwise_reduce`` (differentiable; float outputs only)."""
-    v = dense_matrix(kernel, x, y)
-    if reduction == "sum":
-        return jnp.sum(v, axis=1)
-    if reduction == "logsumexp":
-        return jax.nn.logsumexp(v, axis=1)
-    if reduction == "max":
-        return jnp.max(v, axis=1)
-    if reduction == "min":
-        return jnp.min(v, axis=1)
-    if reduction == "kmin":
-        vals, idx = lax.top_k(-v, k)  # ties: lower index first, like kmin
-        return -vals, idx
-    if reduction == "softmax":
-        logits, vals = v
-        p = jax.nn.softmax(logits, axis=1)
-        return jnp.einsum("ij,ij...->i...", p, vals)
-    raise ValueError(reduction)
-
-
-def np_softmax(logits, vals):
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    return np.einsum("ij,ij...->i...", p, vals)
+    """The registry's plain-jnp reference of ``pairwise_reduce(kernel, x, y, reduction)``
+    (differentiable; float outputs only)."""
+    return pairwise_dense(reduction, dense_matrix(kernel, x, y), k=k)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,7 +144,7 @@ def _check_all(outs, d, k, *, exact=True, err=""):
         assert rows.mean() > 0.8, rows
 
     def check(r):
-        ref = np_reduce(r, d, k)
+        ref = pairwise_reference(r, d, k=k)
         if r in INDEX_REDUCTIONS:
             assert outs[r].dtype == jnp.int32
             np.testing.assert_array_equal(np.asarray(outs[r])[rows], ref[rows], err_msg=err)
@@ -257,7 +219,7 @@ def test_complex_sum(block_size, rng):
     y = rng.standard_normal((N, 3)).astype(F32)
     out = jax.jit(lambda x, y: foldax.pairwise_reduce(k_complex, x, y, block_size=block_size))(x, y)
     assert out.dtype == jnp.complex64 and out.shape == (M,)
-    ref = np_complex(x, y).sum(1)
+    ref = pairwise_reference("sum", np_complex(x, y))
     scale = np.abs(np_complex(x, y)).sum(1).max()
     assert_allclose(
         np.stack([out.real, out.imag]), np.stack([ref.real, ref.imag]), dtype=F32, scale=scale
@@ -295,16 +257,17 @@ def test_kmin_full_sort_and_k_larger_than_block(rng):
 
     outs = jax.jit(call)(x, y)
     for n, (vals, idx) in outs.items():
-        ref_vals, ref_idx = np_reduce("kmin", d, n)
+        ref_vals, ref_idx = pairwise_reference("kmin", d, k=n)
         assert vals.shape == idx.shape == (M, n)
         np.testing.assert_array_equal(idx, ref_idx, err_msg=f"k={n}")
         np.testing.assert_array_equal(vals, ref_vals, err_msg=f"k={n}")
 
 
 @pytest.mark.parametrize("k", [1, 5, 32])
-def test_kmin_against_argpartition(rng, k):
-    """k-min over many tiles (the k-th best filters them) is exact: NumPy's argpartition then a
-    stable sort by (value, index); with ties across tiles, a NaN row of x and NaN columns of y."""
+def test_kmin_over_many_tiles_ties_and_nan(rng, k):
+    """k-min over many tiles (the k-th best filters them) is exact: a stable sort by (NaN last,
+    value, index); with ties across tiles, a NaN row of x (every column ties: the lowest indices
+    win) and NaN columns of y (never among the k best of a row without NaN)."""
     m, n = 45, 700
     x = rng.standard_normal((m, 3)).astype(np.float32)
     y = rng.standard_normal((n, 3)).astype(np.float32)
@@ -313,17 +276,7 @@ def test_kmin_against_argpartition(rng, k):
     y[[20, 300]] = np.nan  # NaN columns: never among the k best of a row without NaN
     x[7] = np.nan  # a row of NaN only: every column ties, the lowest indices win
     d = -np.asarray(jax.jit(jax.vmap(jax.vmap(_sqdist, (None, 0)), (0, None)))(x, y))
-    key = np.where(np.isnan(d), np.inf, d)  # NaN last (no distance here is inf)
-    part = np.argpartition(key, k - 1, axis=1)[:, :k]
-    # argpartition keeps an arbitrary member of a tie: take every column tied with the k-th,
-    # then the k smallest by (value, index)
-    kth = np.take_along_axis(key, part, 1).max(1, keepdims=True)
-    ref_idx = np.stack(
-        [
-            sorted(np.flatnonzero(row <= t), key=lambda j, row=row: (row[j], j))[:k]
-            for row, t in zip(key, kth[:, 0], strict=True)
-        ]
-    )
+    ref_idx = pairwise_reference("kmin", d, k=k)[1]
     outs = jax.jit(
         lambda x, y: {
             str(b): foldax.pairwise_reduce(
@@ -382,10 +335,9 @@ def test_kmin_many_tiles_inf_nan_and_mask(rng, k, block):
     d = ((x[:, None] - y[None]) ** 2).sum(-1) + np.where(x[:, :1] > 1.5, 0.0, flag[None])
     j = np.broadcast_to(np.arange(n), d.shape)
     out = (j % 7 == 0) & (np.arange(m)[:, None] >= 200)  # masked: after everything
-    nan = np.isnan(d)
-    ref = np.lexsort((j, np.where(nan, 0, d), nan, out), axis=1)[:, :k]  # by value, then index
+    ref_vals, ref = pairwise_reference("kmin", d, k=k, valid=~out)  # by value, then index
     np.testing.assert_array_equal(np.asarray(idx), ref)
-    assert_allclose(vals, np.take_along_axis(d, ref, 1), dtype=np.float32)
+    assert_allclose(vals, ref_vals, dtype=np.float32)
 
 
 def test_extremum_on_its_preferred_block(rng):
@@ -413,8 +365,7 @@ def test_extremum_on_its_preferred_block(rng):
     outs = jax.jit(
         lambda x, y: {r: foldax.pairwise_reduce(k_nan, x, y, reduction=r) for r in names}
     )((p, a), (q, b))
-    ref = {"min": np.min(d, 1), "max": np.max(d, 1), "argmin": np.argmin(d, 1)}
-    ref["argmax"] = np.argmax(d, 1)
+    ref = {r: pairwise_reference(r, d) for r in names}
     for r in names:
         np.testing.assert_array_equal(np.asarray(outs[r]), ref[r], err_msg=r)
 
@@ -430,7 +381,7 @@ def test_integer_kernel_argmin_max(rng):
     outs = _run_all(ker, xi, yi, ("sum", "max", "min", "argmax", "argmin"), (8, 16))
     for r, out in outs.items():
         assert out.dtype == jnp.int32, r
-        np.testing.assert_array_equal(out, np_reduce(r, d), err_msg=r)
+        np.testing.assert_array_equal(out, pairwise_reference(r, d), err_msg=r)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
@@ -447,12 +398,10 @@ def test_half_precision_kmin_ties(rng, dtype):
 
     vals, idx = jax.jit(lambda x, y: foldax.pairwise_reduce(ker, x, y, reduction="kmin", k=7))(x, y)
     d = np.asarray(jax.vmap(lambda a: jax.vmap(lambda b: ker(a, b))(y))(x), np.float32)
-    nan = np.isnan(d)
-    cols = np.broadcast_to(np.arange(d.shape[1]), d.shape)
-    ref = np.lexsort((cols, np.where(nan, 0, d), nan), axis=1)[:, :7]  # NaN last, then index
+    ref_vals, ref = pairwise_reference("kmin", d, k=7)  # NaN last, then index
     assert vals.dtype == dtype
     np.testing.assert_array_equal(np.asarray(idx), ref)
-    np.testing.assert_array_equal(np.asarray(vals, np.float32), np.take_along_axis(d, ref, 1))
+    np.testing.assert_array_equal(np.asarray(vals, np.float32), ref_vals)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -466,7 +415,7 @@ def test_integer_kernel_kmin(rng, m, n, block):
     vals, idx = foldax.pairwise_reduce(
         lambda a, b: jnp.sum(jnp.abs(a - b)), xi, yi, reduction="kmin", k=4, block_size=block
     )
-    ref_vals, ref_idx = np_reduce("kmin", d, 4)
+    ref_vals, ref_idx = pairwise_reference("kmin", d, k=4)
     np.testing.assert_array_equal(idx, ref_idx)
     np.testing.assert_array_equal(vals, ref_vals)
 
@@ -485,7 +434,7 @@ def test_softmax(vshape, rng):
     xd, yd = x.astype(np.float64), y.astype(np.float64)
     logits = -((xd[:, None] - yd[None]) ** 2).sum(-1)
     vals = np.tanh(xd[:, None] + yd[None]) if vshape else np.einsum("id,jd->ij", xd, yd)
-    ref = np_softmax(logits, vals)
+    ref = pairwise_reference("softmax", (logits, vals))
     for bs in [(8, 16), 64]:
         f = jax.jit(
             lambda x, y, bs=bs: foldax.pairwise_reduce(
@@ -506,7 +455,7 @@ def test_softmax_very_negative_logits(rng):
         return jnp.sum(a * b) - 1000.0, b
 
     xd, yd = x.astype(np.float64), y.astype(np.float64)
-    ref = np_softmax(xd @ yd.T - 1000.0, np.broadcast_to(yd[None], (M, N, 2)))
+    ref = pairwise_reference("softmax", (xd @ yd.T - 1000.0, np.broadcast_to(yd[None], (M, N, 2))))
     out = foldax.pairwise_reduce(ker, x, y, reduction="softmax", block_size=(8, 16))
     assert_allclose(out, ref, dtype=F32, scale=1000.0)
 
@@ -515,8 +464,195 @@ def test_softmax_under_strict_promotion():
     x = jnp.zeros((3, 1), jnp.float32)
     y = jnp.arange(5.0, dtype=jnp.float32).reshape(5, 1)
     out = foldax.pairwise_reduce(lambda a, b: (jnp.sum(a - b), b), x, y, reduction="softmax")
-    ref = np_softmax(-np.arange(5.0)[None].repeat(3, 0), np.arange(5.0)[None, :, None].repeat(3, 0))
+    logits = -np.arange(5.0)[None].repeat(3, 0)
+    ref = pairwise_reference("softmax", (logits, np.arange(5.0)[None, :, None].repeat(3, 0)))
     assert_allclose(out, ref, dtype=F32)
+
+
+# ----------------------------------------------------------------------------------------------
+# The weighted log-sum-exp: a kernel returning (logit, weight)
+
+
+def _sq(a, b):
+    return -jnp.sum((a - b) ** 2)
+
+
+def _weighted_kernel(a, b):
+    yj, wj = b
+    return _sq(a, yj), wj
+
+
+def _weighted_reference(x, y, w):
+    """The registry's weighted log-sum-exp of ``_weighted_kernel``, in float64."""
+    d = -((np.asarray(x, np.float64)[:, None] - np.asarray(y, np.float64)[None]) ** 2).sum(-1)
+    return pairwise_reference("weighted_logsumexp", (d, w))
+
+
+@pytest.mark.parametrize(("m", "n", "block"), [(30, 50, None), (7, 129, (4, 16)), (1, 1, None)])
+def test_weighted_logsumexp_matches_float64(rng, m, n, block):
+    x = rng.standard_normal((m, 2)).astype(np.float32)
+    y = rng.standard_normal((n, 2)).astype(np.float32) * 3
+    w = rng.uniform(0, 2, n).astype(np.float32)
+    w[::3] = 0.0
+    if n > 1:
+        w[0] = 1e-30  # tiny but positive: it still counts
+    got = foldax.pairwise_reduce(
+        _weighted_kernel, x, (y, w), reduction="logsumexp", block_size=block
+    )
+    assert_allclose(got, _weighted_reference(x, y, w), dtype=np.float32, scale=20)
+
+
+def test_weighted_logsumexp_gradients(rng):
+    x = rng.standard_normal((12, 2)).astype(np.float32)
+    y = rng.standard_normal((40, 2)).astype(np.float32)
+    w = rng.uniform(0.1, 2, 40).astype(np.float32)
+
+    def f(x, w):
+        return foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
+
+    check_grads(f, (x, w), order=2, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2)
+    # at a zero weight the derivative is exp(l - out): finite, not NaN
+    w0 = w.copy()
+    w0[5] = 0.0
+    gw = jax.grad(lambda w: f(x, w).sum())(w0)
+    d = -((x.astype(np.float64)[:, None] - y.astype(np.float64)[None]) ** 2).sum(-1)
+    want = np.exp(d - _weighted_reference(x, y, w0)[:, None]).sum(0)
+    assert_allclose(gw, want, dtype=np.float32, scale=10)
+
+
+def test_weighted_logsumexp_of_all_zero_weights_is_minus_inf_with_zero_gradients():
+    x, y = jnp.ones((3, 2)), jnp.zeros((5, 2))
+    w = jnp.zeros(5)
+    out = foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
+    assert np.all(np.asarray(out) == -np.inf)
+    g = jax.grad(
+        lambda x: jnp.sum(
+            jnp.where(
+                jnp.isfinite(
+                    o := foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
+                ),
+                o,
+                0.0,
+            )
+        )
+    )(x)
+    assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g) == 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# min / max with their index in one pass
+
+
+@pytest.mark.parametrize("is_max", [False, True])
+def test_extremum_with_index_in_one_pass(rng, is_max):
+    x = rng.standard_normal((33, 3)).astype(np.float32)
+    y = rng.standard_normal((150, 3)).astype(np.float32)
+    y[100] = y[7]  # exact ties: the lower index wins
+    y[40, 0] = np.nan  # a NaN distance is the extreme, like NumPy
+    kernel = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+    both, plain, arg = (
+        ("max_argmax", "max", "argmax") if is_max else ("min_argmin", "min", "argmin")
+    )
+    val, idx = foldax.pairwise_reduce(kernel, x, y, reduction=both, block_size=(8, 32))
+    d = ((x.astype(np.float64)[:, None] - y.astype(np.float64)[None]) ** 2).sum(-1)
+    want_val, want_idx = pairwise_reference(both, d)
+    np.testing.assert_array_equal(idx, want_idx)
+    np.testing.assert_array_equal(idx, foldax.pairwise_reduce(kernel, x, y, reduction=arg))
+    assert_allclose(val, want_val, dtype=np.float32, scale=10)
+    finite = np.delete(y, 40, axis=0)
+    f_both = lambda x: foldax.pairwise_reduce(kernel, x, finite, reduction=both)[0]  # noqa: E731
+    f_plain = lambda x: foldax.pairwise_reduce(kernel, x, finite, reduction=plain)  # noqa: E731
+    g = jax.grad(lambda x: f_both(x).sum())(x)
+    assert_allclose(g, jax.grad(lambda x: f_plain(x).sum())(x), dtype=np.float32)
+    t = jax.jvp(f_both, (x,), (np.ones_like(x),))[1]
+    assert_allclose(t, jax.jvp(f_plain, (x,), (np.ones_like(x),))[1], dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks: pairs removed, tiles skipped
+
+
+def _attention(q, k, v, mask=None, block=None):
+    kernel = lambda qi, kv: (jnp.dot(qi, kv[0]) / 4.0, kv[1])  # noqa: E731
+    return foldax.pairwise_reduce(
+        kernel, q, (k, v), reduction="softmax", mask=mask, block_size=block
+    )
+
+
+def _masked_attention_reference(q, k, v, keep):
+    """The registry's masked softmax of ``_attention``'s kernel, in float64."""
+    logits = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T / 4.0
+    vals = np.broadcast_to(np.asarray(v, np.float64)[None], (*logits.shape, v.shape[-1]))
+    return pairwise_reference("softmax", (logits, vals), valid=keep)
+
+
+MASKS = {
+    "causal": lambda i, j: j <= i,
+    "window": lambda i, j: (j <= i) & (j > i - 20),
+    "block-sparse": lambda i, j: (i // 16) % 2 == (j // 16) % 2,
+    "empty rows": lambda i, j: (j < i) & (i % 5 != 0),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+@pytest.mark.parametrize("block", [None, (8, 16), (5, 7)])
+def test_masked_attention_matches_dense(rng, name, block):
+    m, n = 70, 90
+    q, k, v = (rng.standard_normal((s, 4)).astype(np.float32) for s in (m, n, n))
+    keep = np.asarray(MASKS[name](np.arange(m)[:, None], np.arange(n)[None, :]))
+    keep = np.broadcast_to(keep, (m, n))
+    got = _attention(q, k, v, MASKS[name], block)
+    assert_allclose(got, _masked_attention_reference(q, k, v, keep), dtype=np.float32, scale=10)
+
+    def dense(q, k, v):
+        vals = jnp.broadcast_to(v[None], (m, *v.shape))
+        return pairwise_dense("softmax", (q @ k.T / 4.0, vals), valid=keep)
+
+    g = jax.grad(lambda *a: jnp.sum(jnp.sin(_attention(*a, MASKS[name], block))), (0, 1, 2))(
+        q, k, v
+    )
+    want = jax.grad(lambda *a: jnp.sum(jnp.sin(dense(*a))), (0, 1, 2))(q, k, v)
+    for a, b in zip(g, want, strict=True):
+        assert np.all(np.isfinite(np.asarray(a)))
+        assert_allclose(a, b, dtype=np.float32, scale=10)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "logsumexp", "min", "argmin", "min_argmin"])
+def test_masked_reductions_match_dense(rng, reduction):
+    x = rng.standard_normal((40, 2)).astype(np.float32)
+    y = rng.standard_normal((60, 2)).astype(np.float32)
+    mask = lambda i, j: (j >= i) & (i != 3)  # noqa: E731  (row 3 fully masked)
+    keep = np.asarray(mask(np.arange(40)[:, None], np.arange(60)[None, :]))
+    d = -((x.astype(np.float64)[:, None] - y.astype(np.float64)[None]) ** 2).sum(-1)
+    kernel = lambda a, b: -jnp.sum((a - b) ** 2)  # noqa: E731
+    got = foldax.pairwise_reduce(kernel, x, y, reduction=reduction, mask=mask, block_size=(8, 16))
+    want = {r: pairwise_reference(r, d, valid=keep) for r in ("sum", "logsumexp", "min")}
+    if reduction == "sum":
+        got = foldax.pairwise_reduce(lambda a, b: -jnp.sum((a - b) ** 2), x, y, mask=mask)
+        assert_allclose(got, want["sum"], dtype=np.float32, scale=50)
+    elif reduction in ("argmin", "min_argmin"):
+        idx = got[1] if reduction == "min_argmin" else got
+        want_idx = pairwise_reference("argmin", d, valid=keep)
+        live = keep.any(1)
+        np.testing.assert_array_equal(np.asarray(idx)[live], want_idx[live])
+        assert np.asarray(idx)[3] == np.iinfo(np.int32).max
+    else:
+        assert_allclose(got, want[reduction], dtype=np.float32, scale=50)
+    if reduction in ("logsumexp", "sum"):
+        f = lambda x: foldax.pairwise_reduce(kernel, x, y, reduction=reduction, mask=mask)  # noqa: E731
+        g = jax.grad(lambda x: jnp.sum(jnp.where(jnp.isfinite(f(x)), f(x), 0.0)))(x)
+        assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g)[3] == 0)
+
+
+def test_mask_errors():
+    x = jnp.ones((4, 2))
+    dot = lambda a, b: jnp.sum(a * b)  # noqa: E731
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask must be a callable"):
+        foldax.pairwise_reduce(dot, x, x, mask=True)
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) must return one boolean"):
+        foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i + j)
+    with pytest.raises(TypeError, match=r"pairwise_reduce: mask\(i, j\) failed"):
+        foldax.pairwise_reduce(dot, x, x, mask=lambda i, j: i.nonexistent)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -710,7 +846,7 @@ def test_grad_with_integer_closure_and_unused_inputs(rng):
 
         if dense:
             v = dense_matrix(ker, x, y) + labels[None, :].astype(jnp.float32)
-            return jnp.sum(jax.nn.logsumexp(v, axis=1))
+            return jnp.sum(pairwise_dense("logsumexp", v))
         rows = jnp.arange(N, dtype=jnp.int32)
 
         def ker2(xi, yj):
@@ -779,11 +915,11 @@ def test_transformations(rng):
     assert_allclose(outs["nested"], want_nested, dtype=F32, scale=s)
     assert_allclose(outs["vmap_x"], want_nested[:, 0], dtype=F32, scale=s)
     assert_allclose(outs["vmap_theta"], want_nested[0], dtype=F32, scale=s)
-    np.testing.assert_array_equal(outs["argmin_nested"], np.argmin(dist, axis=-1))
+    want_argmin = pairwise_reference("argmin", np.moveaxis(dist, -1, 1))  # (b, b, M)
+    np.testing.assert_array_equal(outs["argmin_nested"], want_argmin)
     diag = dist[np.arange(b), np.arange(b)]
-    np.testing.assert_array_equal(
-        outs["kmin_vmap"][1], np.argsort(diag, axis=-1, kind="stable")[..., :3]
-    )
+    want_kmin = pairwise_reference("kmin", diag.reshape(-1, N), k=3)[1].reshape(b, M, 3)
+    np.testing.assert_array_equal(outs["kmin_vmap"][1], want_kmin)
     for g, r in zip(outs["grad"], want_grad, strict=True):
         assert_allclose(g, r, dtype=F32, scale=10 * data_scale(r))
 
@@ -842,6 +978,51 @@ def test_memory_nearest_flat_in_n(reduction):
         slack = 8 * 5 * 2 * 32768 + (3 * 4 * 32768 if which == "grad" else 0)
         assert temps[32768] <= 1.15 * temps[4096] + slack, (which, temps)
         assert temps[32768] < DEFAULT_BUDGET, (which, temps)
+
+
+def test_weighted_logsumexp_memory_flat_in_n():
+    def temp(n):
+        c = jax.ShapeDtypeStruct
+        args = (c((256, 3), jnp.float32), (c((n, 3), jnp.float32), c((n,), jnp.float32)))
+        f = lambda x, yw: foldax.pairwise_reduce(_weighted_kernel, x, yw, reduction="logsumexp")  # noqa: E731
+        g = jax.grad(lambda x, yw: f(x, yw).sum(), argnums=(0, 1))
+        return report(f, *args).temp_bytes, report(g, *args).temp_bytes
+
+    small, big = temp(4096), temp(16384)
+    for s, b in zip(small, big, strict=True):
+        assert b <= 1.15 * s + 64 * 16384, (small, big)  # + O(N) cotangent of the weights
+
+
+def test_extremum_with_index_memory_flat_in_n():
+    def temp(n):
+        c = jax.ShapeDtypeStruct
+        args = (c((512, 3), jnp.float32), c((n, 3), jnp.float32))
+        f = lambda x, y: foldax.pairwise_reduce(  # noqa: E731
+            lambda a, b: jnp.sum((a - b) ** 2), x, y, reduction="min_argmin"
+        )
+        g = jax.grad(lambda x, y: f(x, y)[0].sum(), argnums=(0, 1))
+        return report(f, *args).temp_bytes, report(g, *args).temp_bytes
+
+    small, big = temp(4096), temp(16384)
+    for s, b in zip(small, big, strict=True):  # + O(N): y walked transposed, (3, N) float32
+        assert b <= 1.15 * s + 2 * 12 * (16384 - 4096), (small, big)
+
+
+def test_masked_tiles_are_skipped_and_memory_stays_flat():
+    """Masked attention's temp memory, forward and backward, is the unmasked one's plus a
+    bounded amount (the blocks to visit are listed at most 2^20 mask cells at a time), whatever
+    N is."""
+
+    def temp(n, mask):
+        c = jax.ShapeDtypeStruct((n, 16), jnp.float32)
+        f = lambda q, k, v: _attention(q, k, v, mask)  # noqa: E731
+        g = jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2))
+        return report(f, c, c, c).temp_bytes, report(g, c, c, c).temp_bytes
+
+    for n in (4096, 16384):  # the mask adds at most the bounded list of blocks to visit
+        masked, plain = temp(n, MASKS["causal"]), temp(n, None)
+        for a, b in zip(masked, plain, strict=True):
+            assert a <= b + 1.2 * 2**20, (n, masked, plain)
 
 
 # ----------------------------------------------------------------------------------------------

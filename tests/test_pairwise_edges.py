@@ -3,8 +3,8 @@
 An empty slot (a k-min slot not yet filled, the argmin of no column) holds the dtype's largest
 integer or NaN, but is told apart by its index (int32 max), never by its value: a kernel may
 return that value for real (an "unreachable" integer distance at ``iinfo.max``). Every integer
-dtype (the 64-bit ones under x64), unsigned ones included, against stable NumPy sorts; and the
-checks of ``reduction`` / ``k``, the name first.
+dtype (the 64-bit ones under x64), unsigned ones included, against the registry's references
+(stable NumPy sorts); and the checks of ``reduction`` / ``k``, the name first.
 
 The kernels here look their values up in a dense matrix ``d`` (closed over), so each pair's
 value is exactly the reference's: values are compared exactly.
@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import NO_INDEX, pairwise_reference
 
 import foldax
 
 NAME = "foldax.pairwise_reduce"
-NO_INDEX = np.iinfo(np.int32).max
 INTS = (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)
 INTS_X64 = (np.int64, np.uint64)
 FLOATS = (np.float32, jnp.float16)
@@ -43,42 +43,6 @@ def _lookup(d):
 
 def _rows(m, n):
     return jnp.arange(m, dtype=jnp.int32)[:, None], jnp.arange(n, dtype=jnp.int32)[:, None]
-
-
-def _fill(dtype):
-    return np.nan if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype).max
-
-
-def ref_kmin(d, k, valid=None):
-    """The k smallest of each row of ``d`` by (NaN last, value, index), like a stable argsort;
-    where a row has fewer than k valid entries, empty slots: (NaN or iinfo.max, int32 max)."""
-    valid = np.ones(d.shape, bool) if valid is None else valid
-    nan = np.isnan(d) if jnp.issubdtype(d.dtype, jnp.floating) else np.zeros(d.shape, bool)
-    j = np.broadcast_to(np.arange(d.shape[1]), d.shape)
-    key = np.where(nan, np.zeros((), d.dtype), d)
-    order = np.lexsort((j, key, nan, ~valid), axis=1)[:, :k]
-    empty = ~np.take_along_axis(valid, order, 1)
-    vals = np.where(empty, np.asarray(_fill(d.dtype), d.dtype), np.take_along_axis(d, order, 1))
-    return vals, np.where(empty, NO_INDEX, order)
-
-
-def ref_arg(d, is_max, valid=None):
-    """The first index of each row's extreme (NaN counts as the extreme) among the valid
-    entries, and its value; (the identity, int32 max) where there is none."""
-    valid = np.ones(d.shape, bool) if valid is None else valid
-    floating = jnp.issubdtype(d.dtype, jnp.floating)
-    nan = np.isnan(d) if floating else np.zeros(d.shape, bool)
-    rank = np.unique(np.where(nan, np.zeros((), d.dtype), d), return_inverse=True)[1]
-    rank = rank.reshape(d.shape)
-    j = np.broadcast_to(np.arange(d.shape[1]), d.shape)
-    first = np.lexsort((j, -rank if is_max else rank, ~nan, ~valid), axis=1)[:, 0]
-    ok = np.take_along_axis(valid, first[:, None], 1)[:, 0]
-    if floating:
-        none = -np.inf if is_max else np.inf
-    else:
-        none = np.iinfo(d.dtype).min if is_max else np.iinfo(d.dtype).max
-    vals = np.where(ok, np.take_along_axis(d, first[:, None], 1)[:, 0], np.asarray(none, d.dtype))
-    return vals, np.where(ok, first, NO_INDEX)
 
 
 def int_matrix(rng, dtype, m, n):
@@ -143,7 +107,9 @@ def _kmin_cases(d, n):
 def _check_kmin(d, outs):
     m, n = d.shape
     for (k, block, masked), (vals, idx) in outs.items():
-        ref_vals, ref_idx = ref_kmin(d, k, _valid(m, n) if masked else None)
+        ref_vals, ref_idx = pairwise_reference(
+            "kmin", d, k=k, valid=_valid(m, n) if masked else None
+        )
         err = f"{d.dtype} k={k} block={block} mask={masked}"
         assert vals.dtype == d.dtype and idx.dtype == jnp.int32, err
         np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=err)
@@ -195,7 +161,7 @@ def test_kmin_hamming(rng, dtype):
     )(x, y)
     d = np.unpackbits((x ^ y.T)[..., None].view(np.uint8), axis=-1).sum(-1).astype(dtype)
     for k, (vals, idx) in outs.items():
-        ref_idx = np.argsort(d, axis=1, kind="stable")[:, :k]
+        ref_idx = pairwise_reference("kmin", d, k=k)[1]
         np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"k={k}")
         np.testing.assert_array_equal(np.asarray(vals), np.take_along_axis(d, ref_idx, 1))
         assert vals.dtype == dtype
@@ -250,7 +216,7 @@ def test_kmin_many_default_tiles_at_int32_max(rng):
         }
     )(jnp.asarray(d))
     for k, (vals, idx) in outs.items():
-        ref_vals, ref_idx = ref_kmin(d, k)
+        ref_vals, ref_idx = pairwise_reference("kmin", d, k=k)
         np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"k={k}")
         np.testing.assert_array_equal(np.asarray(vals), ref_vals, err_msg=f"k={k}")
 
@@ -275,7 +241,8 @@ def _check_args(d):
         ]
 
     for (r, masked, b), out in zip(cases, jax.jit(run)(jnp.asarray(d)), strict=True):
-        ref_vals, ref_idx = ref_arg(d, "max" in r, _valid(m, n) if masked else None)
+        both = "max_argmax" if "max" in r else "min_argmin"
+        ref_vals, ref_idx = pairwise_reference(both, d, valid=_valid(m, n) if masked else None)
         err = f"{d.dtype} {r} mask={masked} block={b}"
         if r.startswith("arg"):
             np.testing.assert_array_equal(np.asarray(out), ref_idx, err_msg=err)
@@ -322,30 +289,6 @@ def test_argmin_int32_max_everywhere():
         )
         out = foldax.pairwise_reduce(const(c), x, y, reduction=r, mask=lambda i, j: j >= i)
         np.testing.assert_array_equal(np.asarray(out), [0, 1, 2, 3, 4, NO_INDEX], err_msg=r)
-
-
-@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int8, np.float32])
-def test_segment_arg_extremum_at_the_ends(rng, dtype):
-    """segment_argmin of data all at the dtype's highest value (iinfo.max, +inf), segment_argmax
-    at its lowest: each segment's first row, -1 for an empty one (sorted ids, unsorted, sizes)."""
-    n, s = 300, 7
-    ids = np.sort(rng.integers(0, s - 1, n)).astype(np.int32)  # the last segment is empty
-    first = np.array([np.flatnonzero(ids == g)[0] if (ids == g).any() else -1 for g in range(s)])
-    perm = rng.permutation(n)
-    first_perm = [np.flatnonzero(ids[perm] == g) for g in range(s)]
-    first_perm = np.array([f[0] if f.size else -1 for f in first_perm])
-    if jnp.issubdtype(dtype, jnp.floating):
-        ends = {"argmin": np.inf, "argmax": -np.inf}
-    else:
-        ends = {"argmin": np.iinfo(dtype).max, "argmax": np.iinfo(dtype).min}
-    for r, fn in (("argmin", foldax.segment_argmin), ("argmax", foldax.segment_argmax)):
-        data = jnp.full((n,), ends[r], dtype)
-        got = fn(data, jnp.asarray(ids), num_segments=s, indices_are_sorted=True)
-        np.testing.assert_array_equal(np.asarray(got), first, err_msg=r)
-        got = fn(data, jnp.asarray(ids), num_segments=s, chunk_size=16)
-        np.testing.assert_array_equal(np.asarray(got), first, err_msg=r)
-        got = fn(data, jnp.asarray(ids[perm]), num_segments=s)
-        np.testing.assert_array_equal(np.asarray(got), first_perm, err_msg=r)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,6 +360,6 @@ def test_kmin_topk_merge_over_many_tiles_and_blocks(rng, k):
                 _lookup(d), x, y, reduction="kmin", k=k, block_size=block, mask=keep
             )
         )(jnp.asarray(d))
-        ref_vals, ref_idx = ref_kmin(d, k, valid)
+        ref_vals, ref_idx = pairwise_reference("kmin", d, k=k, valid=valid)
         np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=f"{block}")
         np.testing.assert_array_equal(np.asarray(vals), ref_vals, err_msg=f"{block}")

@@ -107,18 +107,10 @@ def _distributed(name, local, arrays, kinds, batch, axis_name, reduced="pole"):
         return P(*lead, last[kind])
 
     specs = [spec_of(a, k) for a, k in zip(arrays, kinds, strict=True)]
-    placed = [_shard.place(a, mesh, lambda _, s=s: s) for a, s in zip(arrays, specs, strict=True)]
     split = _shard.spec_axes(last[reduced])
     kept = "node" if reduced == "pole" else "pole"
-    run = jax.shard_map(
-        lambda *arrs: local(*arrs, split),
-        mesh=mesh,
-        in_specs=tuple(specs),
-        out_specs=P(*batch_spec, last[kept]),
-        axis_names=_shard.manual_axes(mesh, flat),
-        check_vma=False,
-    )
-    return run(*placed)
+    body = lambda *arrs: local(*arrs[:-1], split)  # noqa: E731  (no consts: the last argument)
+    return _shard.run_replayed(body, mesh, flat, arrays, specs, [], P(*batch_spec, last[kept]))
 
 
 def _batch_shape(name, **arrays):
@@ -193,7 +185,7 @@ def cauchy(
       >>> import jax.numpy as jnp, foldax
       >>> v = jnp.array([1.0 + 0j, 2.0]); w = jnp.array([-1.0 + 1j, -2.0]); z = jnp.array([0j, 1j])
       >>> k = foldax.cauchy(v, z, w)
-      >>> bool(jnp.allclose(k, (v / (z[:, None] - w)).sum(-1)))
+      >>> bool(jnp.allclose(k, (v[None, :] / (z[:, None] - w[None, :])).sum(-1)))
       True
     """
     name = "foldax.cauchy"
@@ -251,7 +243,8 @@ def vandermonde(
       >>> import jax.numpy as jnp, foldax
       >>> v = jnp.array([1.0 + 0j, 0.5j]); x = jnp.array([-0.5 + 1j, -0.1 + 0j])
       >>> k = foldax.vandermonde(v, x, 4)
-      >>> bool(jnp.allclose(k, (v * jnp.exp(x * jnp.arange(4).astype(x.dtype)[:, None])).sum(-1)))
+      >>> l = jnp.arange(4).astype(x.dtype)[:, None]  # (L, 1)
+      >>> bool(jnp.allclose(k, (v[None, :] * jnp.exp(x[None, :] * l)).sum(-1)))
       True
     """
     name = "foldax.vandermonde"
@@ -314,7 +307,7 @@ def vandermonde_transpose(
       >>> u = jnp.array([1.0, 2.0, 0.5]); v = jnp.array([1.0 + 0j, 0.5j])
       >>> x = jnp.array([-0.5 + 1j, -0.1 + 0j])
       >>> out = foldax.vandermonde_transpose(u, v, x)
-      >>> e = jnp.exp(x[:, None] * jnp.arange(3).astype(x.dtype))  # (N, L)
+      >>> e = jnp.exp(x[:, None] * jnp.arange(3).astype(x.dtype)[None, :])  # (N, L)
       >>> bool(jnp.allclose(out, v * (e @ u.astype(x.dtype))))
       True
     """

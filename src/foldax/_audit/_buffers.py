@@ -1,5 +1,5 @@
 """The buffer audit of a compiled program: :func:`audit`, its :class:`AuditReport` of
-:class:`Buffer` s, and the plain-text table both audit and scaling reports print."""
+:class:`Buffer` s (printed by :func:`foldax._table.table`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._memory import MemoryReport, _name, format_bytes, report_from_compiled
+from .._table import table
 from ._dump import (
     _allocation_kinds,
     _compile_with_dump,
@@ -83,17 +84,8 @@ class AuditReport:
         head = ("bytes", "kind", "shape", "primitive", "source", "HLO instruction")
         return (
             f"{self.name}: {len(self.buffers)} largest buffers live at the peak "
-            f"({format_bytes(self.peak_bytes)} live; {self.totals})\n" + _table(rows, head)
+            f"({format_bytes(self.peak_bytes)} live; {self.totals})\n" + table(rows, head)
         )
-
-
-def _table(rows, header):
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(
-        [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-        + [fmt.format(*map(str, r)) for r in rows]
-    )
 
 
 def audit(fn: Callable, *args: Any, top: int = 10, **kwargs: Any) -> AuditReport:

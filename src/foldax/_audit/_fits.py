@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from .._memory import format_bytes
-from ._buffers import Buffer, _table
+from .._table import table
+from ._buffers import Buffer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ class ScalingReport:
                 for g in self.growing
             ]
             lines.append(
-                _table(rows, (f"exponent in {self.name}", "bytes", "shape", "primitive", "source"))
+                table(rows, (f"exponent in {self.name}", "bytes", "shape", "primitive", "source"))
             )
         if self.note:
             lines.append(f"note: {self.note}")

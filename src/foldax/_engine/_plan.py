@@ -294,7 +294,7 @@ class BlockPlan:
     """Every row meets every slot: blocks of ``bi`` slots by ``bj`` rows, ``j`` fastest.
 
     The rows are read along ``row_axis`` (0, or -1 when a pairwise reduction walks ``y``
-    transposed, see :mod:`foldax._pairwise`); ``first`` is the global index of row 0 (a device's
+    transposed, see :mod:`foldax._pairwise._tiles`); ``first`` is the global index of row 0 (a device's
     offset).
     """
 

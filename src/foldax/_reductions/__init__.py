@@ -25,12 +25,12 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
 A new reduction is a new monoid; the engine in :mod:`foldax._engine` never changes.
 """
 
+from ._base import NO_INDEX as NO_INDEX
 from ._base import Monoid as Monoid
 from ._extremum import ArgExtremum as ArgExtremum
 from ._extremum import ExtremumWithIndex as ExtremumWithIndex
 from ._extremum import Max as Max
 from ._extremum import Min as Min
-from ._extremum import SegmentArgExtremum as SegmentArgExtremum
 from ._kmin import KMin as KMin
 from ._logsumexp import LogSumExp as LogSumExp
 from ._logsumexp import WeightedLogSumExp as WeightedLogSumExp
@@ -47,5 +47,13 @@ MIN = Min()
 LOGSUMEXP = LogSumExp()
 LOGMEANEXP = LogSumExp(mean=True)
 PROD = Prod()
-ARGMAX = SegmentArgExtremum(True)
-ARGMIN = SegmentArgExtremum(False)
+ARGMAX = ArgExtremum(True)
+ARGMIN = ArgExtremum(False)
+MAX_ARGMAX = ExtremumWithIndex(True)
+MIN_ARGMIN = ExtremumWithIndex(False)
+SOFTMAX = SoftmaxSum()
+
+#: The reductions without parameters by name, for every family that takes a name; the
+#: parametrised ones (``KMin(k)``, ``Var(ddof)``, ``WeightedLogSumExp``) are built per call.
+_NAMED = (SUM, MEAN, MAX, MIN, LOGSUMEXP, LOGMEANEXP, PROD, ARGMAX, ARGMIN)
+BY_NAME: dict[str, Monoid] = {m.name: m for m in (*_NAMED, MAX_ARGMAX, MIN_ARGMIN, SOFTMAX)}

@@ -21,7 +21,7 @@ from ._base import (
     count,
     identity,
 )
-from ._kmin import _columns, _first_index
+from ._kmin import _columns, _first_column
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +120,11 @@ class Min(_Extremum):
 
 
 @dataclasses.dataclass(frozen=True)
-class SegmentArgExtremum(Monoid):
-    """The global row of the max / min of each segment: first of ties, NaN counts as the extreme
-    (like ``jnp.argmax``). State: (the extreme, its first row; int32 max for none). Reads the
-    global row index of every cell (``needs_index``). An empty segment gives -1."""
+class ArgExtremum(Monoid):
+    """The index of the max / min: a segment's global row, a pairwise reduction's column. First
+    of ties; NaN counts as the extreme (like ``jnp.argmax``). State: (the extreme, its first
+    index; :data:`NO_INDEX` for none), which is also what an empty reduction gives (a public
+    function may map it to its own convention). Reads every cell's index (``needs_index``)."""
 
     needs_index = True
     is_max: bool = True
@@ -132,28 +133,35 @@ class SegmentArgExtremum(Monoid):
         super().__init__("argmax" if is_max else "argmin", "real")
         object.__setattr__(self, "is_max", is_max)
 
-    def _fill(self, dtype):
-        return identity(self.is_max, dtype)
+    #: Preferred dense block, as :attr:`foldax._reductions._extremum._Extremum.dense_tile`.
+    dense_tile = (1024, 1024)
 
     def init(self, num, fshape, dtype):
         return (
-            jnp.full((num, *fshape), self._fill(dtype), dtype),
+            jnp.full((num, *fshape), identity(self.is_max, dtype), dtype),
             jnp.full((num, *fshape), NO_INDEX, jnp.int32),
         )
 
     def reduce(self, v, mask, index):
+        # Values first (a plain vectorised min / max), then the index: the first column that
+        # attains it (a second min, over column numbers). jnp.argmin's variadic (value, index)
+        # reduce does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised
+        # min / max may drop NaN, so NaN columns rank before the hits in that same min: a slot
+        # with a NaN takes its first NaN.
         m = _tile_mask(mask, v)
-        w = jnp.where(m, v, jnp.asarray(self._fill(v.dtype), v.dtype))
+        w = jnp.where(m, v, jnp.asarray(identity(self.is_max, v.dtype), v.dtype))
         best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
         hit = (w == best[:, None]) & m
-        if jnp.issubdtype(v.dtype, jnp.floating):
-            nan = jnp.isnan(w) & m
-            any_nan = jnp.any(nan, axis=1)
-            hit = jnp.where(any_nan[:, None], nan, hit)
-            best = jnp.where(any_nan, jnp.asarray(np.nan, v.dtype), best)
-        rows = index if index.ndim == 2 else index[None, :]  # (G, T) global rows (probe: (T,))
-        rows = _expand(jnp.broadcast_to(rows, mask.shape), v.ndim)
-        return (best, jnp.min(jnp.where(hit, rows, NO_INDEX), axis=1).astype(jnp.int32))
+        t = v.shape[1]
+        if not jnp.issubdtype(v.dtype, jnp.floating):
+            return (best, _index_of(index, _first_column(hit), t))
+        col = _columns(v.shape)
+        # NaN columns rank 0 .. T - 1, hits T .. 2T - 1, the rest 2T (masked cells are not NaN);
+        # ranked in float32 (exact), which XLA:CPU reduces vectorised, unlike int32
+        r = jnp.where(w != w, col, jnp.where(hit, col + t, jnp.float32(2 * t)))
+        r = jnp.min(r, axis=1).astype(jnp.int32)
+        best = jnp.where(r < t, jnp.asarray(np.nan, v.dtype), best)
+        return (best, _index_of(index, jnp.where(r < 2 * t, r % t, t), t))
 
     def _same(self, a, b):
         eq = a == b
@@ -189,81 +197,23 @@ class SegmentArgExtremum(Monoid):
         return (m, i.at[seg].min(jnp.where(self._same(tm, m_seg), ti, NO_INDEX), mode="drop"))
 
     def finalize(self, st):
-        return jnp.where(st[1] == NO_INDEX, -1, st[1])
-
-    def tangent(self, v, dv, mask, info, index):
-        return (None,)  # an index has no derivative
-
-
-@dataclasses.dataclass(frozen=True)
-class ArgExtremum(Monoid):
-    """Index of the max / min over ``j`` (first occurrence; NaN counts as the extreme, like NumPy)."""
-
-    needs_index = True
-    is_max: bool = True
-
-    def __init__(self, is_max):
-        super().__init__("argmax" if is_max else "argmin", "real")
-        object.__setattr__(self, "is_max", is_max)
-
-    def init(self, num, fshape, dtype):
-        return (
-            jnp.full((num, *fshape), identity(self.is_max, dtype), dtype),
-            jnp.full((num, *fshape), NO_INDEX, jnp.int32),
-        )
-
-    def _beats(self, a, b):
-        """``a`` strictly better than ``b`` (NaN beats numbers)."""
-        better = a > b if self.is_max else a < b
-        if jnp.issubdtype(a.dtype, jnp.floating):
-            better = (better & ~jnp.isnan(b)) | (jnp.isnan(a) & ~jnp.isnan(b))
-        return better
-
-    #: Preferred dense block, as :attr:`foldax._reductions._extremum._Extremum.dense_tile`.
-    dense_tile = (1024, 1024)
-
-    def reduce(self, v, mask, index):
-        # Values first (a plain vectorised min / max), then the index: the first column that
-        # attains it (a second min, over column numbers). jnp.argmin's variadic (value, index)
-        # reduce does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised
-        # min / max may drop NaN, so NaN columns rank before the hits in that same min: a NaN
-        # row takes its first NaN.
-        fill = self.init(1, (), v.dtype)[0][0]
-        m = _expand(mask, v.ndim)
-        w = jnp.where(m, v, fill)
-        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
-        hit = (w == best[:, None]) & m
-        if not jnp.issubdtype(v.dtype, jnp.floating):
-            return (best, _first_index(hit, index))
-        t = v.shape[1]
-        col = _columns(v.shape)
-        # NaN columns rank 0 .. T - 1, hits T .. 2T - 1, the rest 2T (masked cells are not NaN);
-        # ranked in float32 (exact), which XLA:CPU reduces vectorised, unlike int32
-        r = jnp.where(w != w, col, jnp.where(hit, col + t, jnp.float32(2 * t)))
-        r = jnp.min(r, axis=1).astype(jnp.int32)
-        nan = r < t
-        best = jnp.where(nan, jnp.asarray(np.nan, v.dtype), best)
-        first = jnp.where(r < 2 * t, jnp.take(index, r % t, mode="clip"), NO_INDEX)
-        return (best, first.astype(jnp.int32))
-
-    def allreduce(self, state, axes):
-        val, idx = state
-        best = _p_extreme(val, axes, self.is_max)
-        hit = val == best
-        if jnp.issubdtype(val.dtype, jnp.floating):
-            hit = hit | (jnp.isnan(val) & jnp.isnan(best))
-        return (best, lax.pmin(jnp.where(hit, idx, NO_INDEX), axes))
-
-    def combine(self, a, b):
-        # b comes from later columns: it wins only if strictly better (ties keep the first index)
-        take_b = self._beats(b[0], a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
-        return (jnp.where(take_b, b[0], a[0]), jnp.where(take_b, b[1], a[1]))
-
-    def finalize(self, st):
         return st[1]
 
     def tangent(self, v, dv, mask, info, index):
         return (None,)  # an index has no derivative
+
+
+def _index_of(index, pos, t):
+    """The global index of column ``pos`` ``(G, *F)`` of a tile whose cells have the indices
+    ``index``: ``(T,)`` (the columns of a dense block, or a probe's) or ``(G, T)`` (rows gathered
+    per slot); :data:`NO_INDEX` where ``pos`` is ``t`` (no column)."""
+    at = jnp.minimum(pos, t - 1)
+    if index.ndim == 1:
+        got = jnp.take(index, at)
+    else:
+        rows = jnp.broadcast_to(_expand(index, at.ndim + 1), (*at.shape[:1], t, *at.shape[1:]))
+        got = jnp.take_along_axis(rows, at[:, None], axis=1)[:, 0]
+    return jnp.where(pos < t, got, NO_INDEX).astype(jnp.int32)
 
 
 class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):

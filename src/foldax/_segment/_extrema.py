@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 
-from .._reductions import ARGMAX, ARGMIN, MAX, MIN
+from .._reductions import ARGMAX, ARGMIN, MAX, MIN, NO_INDEX
 from ._core import _eager_call, _segment
 from ._docs import _BWD_INDEX, _documented
 
@@ -139,7 +140,7 @@ def segment_argmax(
       >>> foldax.segment_argmax(x, jnp.array([1, 0, 1, 0, 3]), 3)  # id 3: dropped
       Array([ 3,  2, -1], dtype=int32)
     """
-    return _segment("foldax.segment_argmax", ARGMAX, **locals())
+    return _no_row_is_minus_one(_segment("foldax.segment_argmax", ARGMAX, **locals()))
 
 
 @_eager_call
@@ -181,4 +182,9 @@ def segment_argmin(
       >>> foldax.segment_argmin(x, jnp.array([1, 0, 1, 0, 3]), 3)
       Array([ 1,  0, -1], dtype=int32)
     """
-    return _segment("foldax.segment_argmin", ARGMIN, **locals())
+    return _no_row_is_minus_one(_segment("foldax.segment_argmin", ARGMIN, **locals()))
+
+
+def _no_row_is_minus_one(index):
+    """The arg-extremum of an empty segment is -1 (the fold's no-index is int32 max)."""
+    return jnp.where(index == NO_INDEX, jnp.int32(-1), index)

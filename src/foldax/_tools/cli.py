@@ -7,15 +7,8 @@ import sys
 import time
 
 from .._audit import check_sizes
+from .._table import table as text_table
 from ..memory import format_bytes
-
-
-def _table(rows, header):
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-    line = "  ".join(f"{{:>{w}}}" if i else f"{{:<{w}}}" for i, w in enumerate(widths))
-    out = [line.format(*header), line.format(*("-" * w for w in widths))]
-    out += [line.format(*map(str, r)) for r in rows]
-    return "\n".join(out)
 
 
 def _ratio_note(short: str, name: str) -> str:
@@ -69,9 +62,10 @@ def demo_s4(args) -> None:
     ]
     print()
     print(
-        _table(
+        text_table(
             table,
             ("N", "way", "pass", "XLA temp", "median time", "time / naive", "max rel err"),
+            right=range(1, 7),
         )
     )
     print(_ratio_note("naive", "naive broadcast"))
@@ -109,9 +103,10 @@ def demo_ragged(args) -> None:
     ]
     print()
     print(
-        _table(
+        text_table(
             table,
             ("way", "pass", "XLA temp", "median time", "time / global-max", "max rel err"),
+            right=range(1, 6),
         )
     )
     print(_ratio_note("global-max", "global-max segment_sum"))

@@ -4,6 +4,7 @@ the README's results block with its headline rows, and the terminal tables of a 
 from __future__ import annotations
 
 from ..._memory import format_bytes
+from ..._table import table
 from ._config import PLOT_DIR, README_END, README_START, WORKLOADS, machine_line
 
 #: The baseline each workload's ratios are taken against ("time / baseline").
@@ -355,17 +356,16 @@ def render_readme_block(results: dict) -> str:
 def terminal_table(results: dict, name: str) -> str:
     rows = results["workloads"][name]
     base_name = BASELINE[name]
-    cells = [
-        (
-            "case",
-            "implementation",
-            "pass",
-            "XLA temp",
-            "median time",
-            f"time rel. to {base_name}",
-            "rel err",
-        )
-    ]
+    header = (
+        "case",
+        "implementation",
+        "pass",
+        "XLA temp",
+        "median time",
+        f"time rel. to {base_name}",
+        "rel err",
+    )
+    cells = []
     for r in rows:
         b = _base(rows, r, base_name)
         cells.append(
@@ -379,10 +379,7 @@ def terminal_table(results: dict, name: str) -> str:
                 _fmt_err(r["rel_err"]),
             )
         )
-    widths = [max(len(str(c[i])) for c in cells) for i in range(len(cells[0]))]
-    out = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return table(cells, header)
 
 
 def readme_block_of(text: str) -> str | None:

@@ -1,0 +1,146 @@
+"""``pairwise_reduce``, the public function: arguments checked, the monoid chosen, one device or
+a mesh; eager calls run one cached executable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _eager, _shard
+from .._reductions import SoftmaxSum, WeightedLogSumExp
+from ._kernel import (
+    _check_kernel_output,
+    _is_pair,
+    _kernel_aval,
+    _monoid_for,
+    _packed_values,
+    _row_avals,
+)
+from ._masks import _check_mask
+from ._mesh import _mesh_split, _on_mesh
+from ._tiles import _local, _num_rows
+
+if TYPE_CHECKING:
+    from jaxtyping import Array
+
+
+def _kernel_examples(arguments):
+    """What ``kernel`` is traced on: one row of ``x`` and one of ``y`` (pytrees of arrays)."""
+    rows = [arguments["x"], arguments["y"]]
+    if not all(isinstance(a, jax.Array | np.ndarray) and a.ndim for a in jax.tree.leaves(rows)):
+        raise TypeError("not pytrees of arrays")  # the uncached call explains
+    return tuple(_row_avals(r) for r in rows)
+
+
+def _mask_examples(arguments):
+    """What ``mask`` is traced on: one slot index and one row index."""
+    return (jax.ShapeDtypeStruct((), jnp.int32),) * 2
+
+
+#: Eager calls run one cached executable (:mod:`foldax._eager`): ``x``, ``y`` and the arrays
+#: ``kernel`` / ``mask`` close over are its inputs; every other argument is static.
+_eager_call = _eager.cached(
+    dynamic=("x", "y"),
+    hoist={
+        "kernel": _eager.Hoist(_kernel_examples),
+        "mask": _eager.Hoist(_mask_examples),
+    },
+)
+
+
+@_eager_call
+def pairwise_reduce(
+    kernel: Callable[[Any, Any], Any],
+    x: Any,
+    y: Any,
+    *,
+    reduction: str = "sum",
+    k: int | None = None,
+    block_size: int | tuple[int, int] | None = None,
+    mask: Callable[[Any, Any], Any] | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
+) -> Array | tuple[Array, Array]:
+    """Reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, without the ``(M, N)`` matrix.
+
+    .. math:: \\mathrm{out}_i = \\bigoplus_{j<N} \\kappa(x_i, y_j)
+
+    Args:
+      kernel: ``kernel(xi, yj)`` of one row of ``x`` and one row of ``y`` (pytrees allowed; real
+        or complex), returning a scalar or a small array ``F``; for ``reduction="softmax"`` a
+        pair ``(logit, value)`` with a scalar real logit (``value`` any pytree of arrays, of
+        any float dtypes: mixed precision is fine); for ``reduction="logsumexp"`` it may return
+        a pair ``(logit, weight)`` (weights ``>= 0``): ``log sum_j w_ij exp(logit_ij)``. It may
+        close over arrays; gradients flow to them. A random draw needs its own key per pair
+        (fold both row indices in, passing ``jnp.arange`` with ``x`` and ``y``).
+      x: array or pytree of arrays with leading axis ``M`` (the rows that are kept).
+      y: array or pytree of arrays with leading axis ``N`` (the rows reduced over).
+      reduction: ``"sum"``, ``"logsumexp"``, ``"max"``, ``"min"``, ``"argmax"``, ``"argmin"``,
+        ``"max_argmax"`` / ``"min_argmin"`` (value and index in one pass), ``"kmin"`` (the
+        ``k`` smallest) or ``"softmax"`` (softmax-weighted sum of values: exact attention).
+        Static.
+      k: static int, ``0 < k <= N``, for ``"kmin"`` only.
+      mask: optional ``mask(i, j) -> bool`` of the global row indices of ``x`` and ``y``: one
+        boolean for one pair of int32 indices, written elementwise with ``jnp`` operations
+        (e.g. ``lambda i, j: j <= i`` for causal attention, ``lambda i, j: (j <= i) & (j > i -
+        256)`` for a sliding window, ``lambda i, j: doc[i] == doc[j]`` for packed sequences);
+        it is applied to whole tiles of indices. It may close over any arrays, also traced ones
+        (arguments of a ``jax.jit``, ``vmap`` ped arrays: each batch element its own mask). Pairs where it is false
+        take no part, and a tile where it is false everywhere is skipped, forward and
+        backward, so a sparse mask costs what it keeps. A row of ``x`` with every pair masked
+        gives the reduction's identity (0 for sum and softmax, -inf for logsumexp, +inf / -inf
+        for min / max) with zero gradients. Not with sharded inputs or ``axis_name``.
+      block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile, per
+        element of an enclosing ``vmap`` (default: chosen when the computation is compiled, from
+        the memory budget and the batch of every enclosing ``vmap``; see
+        :func:`foldax.memory_budget`).
+      axis_name: inside ``jax.shard_map`` only: the mesh axis (or tuple) over which the rows of
+        ``y`` are split; ``y`` is this device's share, ``x`` must be the same on every device
+        along it, and the states are all-reduced (indices are global). Under ``jax.jit``,
+        sharded ``x`` and ``y`` are distributed without it: over different mesh axes, or over
+        the same ones as a ring (the blocks of ``y`` go round the devices).
+
+    Returns:
+      ``(M, *F)`` for sum / logsumexp / max / min / softmax (``F`` of the value); ``(M, *F)``
+      int32 indices for argmax / argmin (first occurrence, NaN counts as extreme, like NumPy;
+      ``2**31 - 1`` when ``N = 0``); a pair ``(values, indices)`` for max_argmax / min_argmin;
+      for ``"kmin"`` a pair ``(values (M, k), indices (M, k) int32)``, ascending, ties by the
+      lower index, NaN last (like ``np.argsort(kind="stable")``).
+
+    Memory: ``O(bi * bj + M + N)`` temp, forward and backward. Derivatives (``jax.grad``,
+    ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) are streamed folds too: they save the inputs and
+    an ``(M, ...)`` summary (e.g. the log-sum-exp) and recompute every tile; they reach ``x``,
+    ``y`` and the arrays ``kernel`` closes over.
+
+    Example:
+      >>> import jax.numpy as jnp, foldax
+      >>> x = jnp.array([[0.0], [1.0]]); y = jnp.array([[0.0], [2.0], [3.0]])
+      >>> foldax.pairwise_reduce(lambda a, b: jnp.sum((a - b) ** 2), x, y, reduction="min")
+      Array([0., 1.], dtype=float32)
+      >>> foldax.pairwise_reduce(lambda a, b: jnp.sum((a - b) ** 2), x, y, reduction="argmin")
+      Array([0, 0], dtype=int32)
+    """
+    name = "foldax.pairwise_reduce"
+    if not callable(kernel):
+        raise TypeError(f"{name}: kernel must be callable, got {type(kernel).__name__}.")
+    m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
+    monoid = _monoid_for(name, reduction, k, n)
+    aval = _kernel_aval(name, kernel, x, y)
+    if reduction == "logsumexp" and _is_pair(aval):
+        monoid = WeightedLogSumExp()
+    _check_kernel_output(name, monoid, aval)
+    unpack = None
+    if isinstance(monoid, SoftmaxSum):
+        kernel, unpack = _packed_values(kernel, aval[1])
+    axes = _shard.axis_tuple(name, axis_name)
+    split = None if axes else _mesh_split(name, x, y, m, n)
+    if mask is not None:
+        mask = _check_mask(name, mask, split is not None or bool(axes))
+    if split is None:
+        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask)
+    else:
+        out = _on_mesh(name, kernel, x, y, monoid, block_size, *split)
+    return out if unpack is None else unpack(out)
