@@ -23,8 +23,11 @@ collect_ignore = [] if "device_count=8" in os.environ.get("XLA_FLAGS", "") else 
 # multiprocess_case.py is one process of a jax.distributed run: test_multiprocess.py starts it.
 collect_ignore.append("multiprocess_case.py")
 
-# Implicit promotions (e.g. float32 + float64 arrays) would hide dtype bugs in the library.
+# Implicit promotions (e.g. float32 + float64 arrays) would hide dtype bugs in the library, and
+# implicit rank promotion (a (3,) array broadcast against (N, 3)) shape bugs: users who forbid it
+# must be able to call every function.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 @pytest.fixture(autouse=True)

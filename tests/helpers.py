@@ -178,6 +178,11 @@ def sample(rng, names, ids, num_segments, feature_shape=(), dtype=np.float32):
     return {n: np.asarray(SEGMENT[n].domain(drawn[SEGMENT[n].shifts]), dtype) for n in names}
 
 
+def normal_rows(rng, n, feat=(), scale=1.0, shift=0.0):
+    """Float32 rows ``(n, *feat)``: standard normal, times ``scale``, plus ``shift``."""
+    return (rng.standard_normal((n, *feat)) * scale + shift).astype(np.float32)
+
+
 def weights(rng, shape):
     """Normal weights ``shape`` scaled by ``1 / shape[-2]``: ``x @ w`` stays of order ``x``."""
     return (rng.standard_normal(shape) / shape[-2]).astype(np.float32)

@@ -27,6 +27,7 @@ from helpers import (
     dense,
     fn_inputs,
     jit_each,
+    normal_rows,
     op,
     permute_rows,
     random_partition,
@@ -39,10 +40,6 @@ from jax.test_util import check_grads
 import foldax
 
 F32 = np.float32
-
-
-def _data(rng, n, feat=(), scale=1.0, shift=0.0):
-    return (rng.standard_normal((n, *feat)) * scale + shift).astype(np.float32)
 
 
 def _vjps(names, foldax_fn, dense_fn, args, rng):
@@ -283,7 +280,7 @@ def test_gradient_against_dense(rng, name):
     """Reverse and forward mode against dense jnp, with repeated unsorted ids (and zeros for
     prod: one zero in a segment, two in another)."""
     part = random_partition(rng, num_segments=8, max_size=6)
-    ids, x = permute_rows(rng, part.ids, _data(rng, part.n, (2,), scale=0.5, shift=1.0))
+    ids, x = permute_rows(rng, part.ids, normal_rows(rng, part.n, (2,), scale=0.5, shift=1.0))
     if name == "prod":
         big = [k for k in range(8) if np.sum(ids == k) >= 3]
         x[np.flatnonzero(ids == big[0])[0]] = 0.0

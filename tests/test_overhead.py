@@ -3,6 +3,7 @@ cached executable (never with stale values), and a long loop of eager calls keep
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 
@@ -294,3 +295,70 @@ def test_plain_sum_under_sorted_ids_is_jax_ops_program():
     got = jax.jit(lambda x, i: foldax.segment_sum(x, i, s))(half, known)
     as32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
     np.testing.assert_allclose(as32(got), as32(exact), rtol=2**-7)  # 2 ulps of bfloat16
+
+
+#: plain-data reductions whose fold is XLA's scatters on CPU, besides the sum
+_SCATTERED = ("max", "min", "logsumexp", "logmeanexp")
+
+
+def _plain_logsumexp(x, ids, s):
+    """The stable log-sum-exp a user writes with jax.ops: max, gather, exp, sum, log."""
+    m = jax.lax.stop_gradient(jax.ops.segment_max(x, ids, s))
+    return m + jnp.log(jax.ops.segment_sum(jnp.exp(x - m[ids]), ids, s))
+
+
+def _temp(f, *args):
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def _walked(f):
+    """``f`` under a ``vmap`` of two: the tile walk, the reference twin of the scatters."""
+    return lambda x, *a: jax.vmap(f, (0, *(None,) * len(a)))(jnp.stack([x, x]), *a)[0]
+
+
+def _finite_loss(f, w):
+    return lambda x, i: jnp.sum(jnp.where(jnp.isfinite(f(x, i)), f(x, i), 0) * w)
+
+
+def _scattered_calls(name, s, w, **kw):
+    """``(f, grad of a loss of f, jvp of f)`` of ``segment_<name>``."""
+    op = getattr(foldax, f"segment_{name}")
+
+    def f(x, i):
+        return op(x, i, s, **kw)
+
+    def jvp(x, i, t):
+        return jax.jvp(lambda a: f(a, i), (x,), (t,))[1]
+
+    return f, jax.grad(_finite_loss(f, w)), jvp
+
+
+def test_plain_extrema_and_logsumexps_are_scatters_unless_batched():
+    """Max, min and log-sum-exp of plain data under unsorted ids are XLA's scatters and gathers
+    (no loop), derivatives included, at no more temp than the jax.ops way. Values and derivatives are the tile walk's (batched, in steps of 64 rows): ties
+    (integer data), NaN, +-inf, an all -inf segment, empty segments, dropped ids."""
+    n, s, rng = 20_000, 100, np.random.default_rng(5)
+    x = rng.integers(-4, 4, (n, 3)).astype(np.float32)
+    ids = rng.integers(-3, s + 3, n).astype(np.int32)
+    ids[ids == 7] = 8  # an empty segment
+    x[ids == 9] = -np.inf  # a segment of -inf only
+    x[3, 0], x[11, 1], x[12, 2] = np.nan, np.inf, -np.inf
+    x, ids = jnp.asarray(x), jnp.asarray(ids)
+    t = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+    peers = {"max": jax.ops.segment_max, "min": jax.ops.segment_min, "logsumexp": _plain_logsumexp}
+    for name in _SCATTERED:
+        w = jnp.asarray(rng.standard_normal((s, 3)), jnp.float32)
+        f, grad, jvp = _scattered_calls(name, s, w)
+        walk = [_walked(g) for g in _scattered_calls(name, s, w, chunk_size=64)]
+        for g in (f, grad):
+            assert " while(" not in _hlo(g, x, ids), name
+        assert " while(" in _hlo(walk[1], x, ids), name
+        assert_allclose(f(x, ids), walk[0](x, ids), dtype=np.float32, err_msg=name)
+        assert_allclose(grad(x, ids), walk[1](x, ids), dtype=np.float32, err_msg=name)
+        assert_allclose(jvp(x, ids, t), walk[2](x, ids, t), dtype=np.float32, err_msg=name)
+        if name in peers:
+            p = functools.partial(lambda x, i, op: op(x, i, s), op=peers[name])
+            assert _temp(f, x, ids) <= _temp(p, x, ids), name
+            if name != "logsumexp":  # (the plain one is NaN where a segment's max is infinite)
+                assert_allclose(f(x, ids), p(x, ids), dtype=np.float32, err_msg=name)
+            assert _temp(grad, x, ids) <= _temp(jax.grad(_finite_loss(p, w)), x, ids), name

@@ -30,6 +30,7 @@ from helpers import (
     expect,
     expect_each,
     jit_each,
+    normal_rows,
     op,
     permute_rows,
     random_partition,
@@ -42,10 +43,6 @@ from helpers import (
 import foldax
 
 F32 = np.float32
-
-
-def _data(rng, n, feat=(), scale=1.0, shift=0.0):
-    return (rng.standard_normal((n, *feat)) * scale + shift).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,7 +231,7 @@ def test_half_precision_mean_does_not_overflow(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_half_precision_accumulates_in_float32(rng, dtype):
     part = random_partition(rng, num_segments=5, max_size=400)
-    x = _data(rng, part.n, shift=3.0).astype(dtype)
+    x = normal_rows(rng, part.n, shift=3.0).astype(dtype)
     for name in ("var", "std", "prod"):
         xx = x if name != "prod" else (jnp.ones_like(x) + (x - 3) / 100).astype(dtype)
         got = getattr(foldax, f"segment_{name}")(jnp.asarray(xx), sizes=list(map(int, part.sizes)))
@@ -273,7 +270,7 @@ def test_more_values_against_float64(rng, form):
     """prod, var, std, argmax, argmin with trailing features, empty and size-1 segments, in
     every form (the jit forms in one program, the others eagerly, as users call them)."""
     part = random_partition(rng, num_segments=9)
-    x = _data(rng, part.n, (2,), scale=0.6)
+    x = normal_rows(rng, part.n, (2,), scale=0.6)
     xs = {n: x + np.float32(0.3) if n == "prod" else x for n in MORE}
     ids = part.ids
     if form.endswith("unsorted_ids"):
@@ -292,7 +289,7 @@ def test_more_values_against_float64(rng, form):
 @pytest.mark.parametrize("ddof", [0, 1, 2])
 def test_var_ddof_and_small_segments(rng, ddof):
     ids = np.array([0, 1, 1, 2, 2, 2, 4, 4, 4, 4], np.int32)  # sizes 1, 2, 3, 0, 4
-    x = _data(rng, len(ids))
+    x = normal_rows(rng, len(ids))
     for name, f in (("var", foldax.segment_var), ("std", foldax.segment_std)):
         got = f(jnp.asarray(x), jnp.asarray(ids), 5, ddof=ddof, chunk_size=3)
         assert_allclose(got, reference(name, x, ids, 5, ddof=ddof), dtype=np.float32)
@@ -302,7 +299,7 @@ def test_var_is_stable_at_large_mean(rng):
     """Mean 1e4, unit spread: float32 within 1e-3 relative of float64 (E[x^2]-E[x]^2 is off by
     ~100%); measured ~1e-6."""
     part = random_partition(rng, num_segments=6, max_size=3000)
-    x = _data(rng, part.n, shift=1e4)
+    x = normal_rows(rng, part.n, shift=1e4)
     want = reference("var", x, part.ids, 6)
     for kw in ({"sizes": [int(s) for s in part.sizes]}, {}):
         args = (jnp.asarray(part.ids), 6) if not kw else ()

@@ -43,7 +43,7 @@ from .. import _shard
 from . import _direct
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
 from ._loop import _run, _typed_out_avals
-from ._probe import plan_units
+from ._probe import plan_units, unit_bytes
 from ._registration import Primitive
 from ._spec import Spec, _aval, _is_float, _is_zero, _shaped, _zero_tangent
 
@@ -238,7 +238,10 @@ class Fold(_Rules):
     def expand(self, *args, platform=None):
         """The fold's implementation, lowered for ``platform`` (``"cpu"``, ...)."""
         spec, args = self.spec, jax.tree.map(jnp.asarray, args)
-        if _direct.applies(spec.direct, spec, platform):
+        row_bytes = functools.partial(unit_bytes, spec, self.in_avals)
+        if _direct.applies(spec.direct, spec, platform, row_bytes):
+            if spec.direct == "whole":
+                return _run(_direct.whole(spec), spec.plan.n, self.out_aval, *args)
             return _direct.lower(spec.direct, self.out_aval, spec.plan.num_slots, *args)
         units = plan_units(spec, self.in_avals)
         return _run(spec, units, self.out_aval, *args)

@@ -138,7 +138,7 @@ def _segment(
     )
     chunk = _chunk(name, chunk_size)
     # Known sorted ids scatter by their ids on CPU; elsewhere their contiguous tiles stay.
-    plain = mesh is None and _fold.scatters(fn, aval.dtype, monoid, axes)
+    plain = mesh is None and not normal and _fold.scatters(fn, aval.dtype, monoid, axes)
     if plain and jax.default_backend() == "cpu":
         part = getattr(part, "by_ids", lambda: None)() or part
 

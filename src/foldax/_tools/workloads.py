@@ -174,8 +174,15 @@ def reference(problem: SeedProblem):
 
 
 def max_rel_err(got, want) -> float:
+    """The largest relative error over the entries where ``want`` is finite; inf where an
+    infinite (or NaN) entry of ``want`` is not matched exactly (an empty segment's -inf)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)))
+    fin = np.isfinite(want)
+    if not np.array_equal(got[~fin], want[~fin], equal_nan=True):
+        return float("inf")
+    if not fin.any():
+        return 0.0
+    return float(np.max(np.abs(got[fin] - want[fin]) / np.maximum(np.abs(want[fin]), 1e-30)))
 
 
 def median_time(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:

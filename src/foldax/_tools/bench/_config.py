@@ -11,7 +11,17 @@ import platform
 import jax
 import numpy as np
 
-WORKLOADS = ("seed", "precomputed", "s4", "gaussian", "nearest", "attention", "overhead", "sharded")
+WORKLOADS = (
+    "seed",
+    "precomputed",
+    "graph",
+    "s4",
+    "gaussian",
+    "nearest",
+    "attention",
+    "overhead",
+    "sharded",
+)
 README_START = "<!-- bench-results:start -->"
 README_END = "<!-- bench-results:end -->"
 PLOT_DIR = "bench"
@@ -31,13 +41,24 @@ class Config:
     att_n: int
     sharded: tuple  # (repeat, shrink)
     overhead_pairs: int = 4000  # M = N of the pairwise call whose overhead is measured
+    graph: tuple = (1_000_000, 100_000)  # (edges, nodes)
 
 
 FULL = Config(
     7, ((1, 1, True), (10, 1, False)), 50_000_000, (64, 256, 512), 256, 1024, 20_000, 4096, (10, 1)
 )
 QUICK = Config(
-    2, ((1, 10, True), (1, 1, False)), 2_000_000, (32, 128), 32, 256, 2_000, 512, (1, 10), 2000
+    2,
+    ((1, 10, True), (1, 1, False)),
+    2_000_000,
+    (32, 128),
+    32,
+    256,
+    2_000,
+    512,
+    (1, 10),
+    2000,
+    (100_000, 10_000),
 )
 
 

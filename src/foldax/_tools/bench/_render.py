@@ -11,6 +11,7 @@ from ._config import PLOT_DIR, README_END, README_START, WORKLOADS, machine_line
 BASELINE = {
     "seed": "global-max segment_sum",
     "precomputed": "floor: jnp.exp(x).sum()",
+    "graph": "jax.ops (jraph's way)",
     "s4": "naive broadcast",
     "gaussian": "dense XLA",
     "nearest": "pykeops (CPU)",
@@ -23,6 +24,7 @@ TITLES = {
     "seed": "The ragged logsumexp under vmap: per-segment logsumexp(f(theta, x)) - log(size), "
     "vmapped over 10 theta",
     "precomputed": "Precomputed data: segment logsumexp of float32 values",
+    "graph": "A graph network's messages, float32: E edges reduced to V receiver nodes",
     "s4": "S4's Cauchy kernel, complex64 (forward k = cauchy(v, z, w); gradient of sum |k|^2)",
     "gaussian": "Gaussian kernel, D = 3, float32",
     "nearest": "Nearest neighbours: squared distance, D = 3, float32 (min, argmin, k-min)",
@@ -43,6 +45,11 @@ NOTES = {
     "respect to theta.",
     "precomputed": "The floor is `jnp.exp(x).sum()`: one pass over the data, no segments. "
     "torch runs on the same CPU with its default threads.",
+    "graph": "Plain data (messages already computed) reduced by receiver: `unsorted ids` as "
+    "edges come, `sorted ids` with `indices_are_sorted=True` on both sides, `sizes` for foldax "
+    "against the same sorted ids with the hint for the peer. The peer is the program a user "
+    "writes with `jax.ops` (for the softmax, jraph's `segment_softmax`: max, gather, exp, sum, "
+    "gather, divide). Gradient: of the sum of the result times fixed random weights.",
     "gaussian": "`sum_j exp(-|x_i - y_j|^2)` and `logsumexp_j(-|x_i - y_j|^2)`. XLA fuses the dense "
     "sum into its reduction (0 B temp) but not the logsumexp; pykeops' memory is not XLA's.",
     "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k = 5 nearest "
@@ -132,6 +139,7 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
     return [
         *_seed_headlines(results),
         *_precomputed_headlines(results),
+        *_graph_headlines(results),
         *_s4_headlines(results),
         *_kernel_headlines(results),
         *_attention_headlines(results),
@@ -182,6 +190,17 @@ def _precomputed_headlines(results: dict) -> list[tuple[str, str, str]]:
                         f"{_ratio(r, fl)} (of the floor)",
                     )
                 )
+    return out
+
+
+def _graph_headlines(results: dict) -> list[tuple[str, str, str]]:
+    """A graph network's message reductions, per case and pass: foldax vs the jax.ops way."""
+    out = []
+    for f in results["workloads"].get("graph", []):
+        b = _pick(results, "graph", BASELINE["graph"], f["pass"], f["case"])
+        if f["impl"] == "foldax" and b:
+            claim = f"graph, {f['edges']:,} edges -> {f['nodes']:,} nodes, {f['case']}, {f['pass']}"
+            out.append((f"{claim}: foldax vs {b['impl']}", _vs_bytes(f, b), _ratio(f, b)))
     return out
 
 

@@ -23,6 +23,7 @@ from ._config import (
     available,
     machine,
 )
+from ._graph import bench_graph, graph_cases
 from ._measure import (
     bench_attention,
     bench_gaussian,
@@ -44,6 +45,7 @@ def _steps(cfg: Config, only) -> int:
     count = {
         "seed": sum(2 * (len(w.WAYS) - (0 if loop else 1)) for _, _, loop in cfg.seed_cases),
         "precomputed": 4,
+        "graph": len(graph_cases(cfg)),
         "s4": len(cfg.s4_ns) * len(w.S4_WAYS) * 2,
         "gaussian": 6,
         "nearest": 6,
@@ -56,6 +58,7 @@ def _steps(cfg: Config, only) -> int:
 
 BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
     "seed": bench_seed,
+    "graph": bench_graph,
     "precomputed": bench_precomputed,
     "s4": bench_s4,
     "gaussian": bench_gaussian,
