@@ -28,7 +28,7 @@ Kinds (the fold's arguments are ``(arrays, consts, slots, rows)``; ``arrays = (i
   :class:`foldax._reductions.LogSumExp` (result, max, log of the shifted sum[, count]): a
   scatter-max, then a scatter-add of ``exp(x - max)`` -- the per-segment shift kept;
 * ``"whole"``: the fold's own step over every row at once (:func:`whole`), for the derived
-  folds of the extrema: per row, its slot's states gathered, the body's tangent or cotangent,
+  folds of the extrema and log-sum-exps: per row, its slot's states gathered, the body's tangent or cotangent,
   and for a tangent a scatter-add into the slots -- a gather and a scatter, without a loop.
 """
 

@@ -83,20 +83,21 @@ def _tiles(v, mask):
     return v.reshape((*mask.shape, *v.shape[1:]))
 
 
-def fold(name, monoid, fn, data, plan, arrays, axes=(), all_outputs=False, direct=True):
+def fold(name, monoid, fn, data, plan, arrays, axes=(), all_outputs=False, scatter=True):
     """Reduce ``fn(rows)`` (or the rows) into ``plan.num_slots`` monoid results ``(S, *F)`` (with
     ``all_outputs``, every output of the monoid, the result first).
 
     ``plan``: a :class:`foldax._engine.PlanSpec` over this device's rows, ``arrays`` its integer
     arrays. Inside ``shard_map`` with the rows split over ``axes``, the states are all-reduced.
     The engine's rules stream every derivative (see :mod:`foldax._engine._primitive`).
+    ``scatter``: whether plain data may take XLA's scatters (:func:`scatters`) when unbatched.
     """
     f, consts = row_fn(fn, data, axes)
 
     def body(consts, slots, rows, mask, index):
         return _tiles(f(consts, rows), mask), (), ()
 
-    plain = direct and plan.kind == "rows"
+    plain = scatter and plan.kind == "rows"
     direct = scatters(fn, jnp.result_type(data), monoid, axes) if plain else None
     budget = _engine.current_budget()
     spec = _engine.Spec(plan, body, monoid, budget, axes=axes, name=name, direct=direct)
@@ -146,7 +147,7 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     # (both folds walk: as scatters, the rows' second pass and its gradient measured 2.5-3.5x
     # jraph's, and their gradient rounds the per-segment sums of cancelling cotangents unlike
     # the walk on a mesh)
-    outs = fold(name, LOGSUMEXP, fn, data, plan, arrays, axes, all_outputs=True, direct=False)
+    outs = fold(name, LOGSUMEXP, fn, data, plan, arrays, axes, all_outputs=True, scatter=False)
     f, consts = row_fn(fn, data, axes)
 
     def body(consts, slots, rows, mask, index):
