@@ -8,9 +8,12 @@ states are all-reduced. See the README and ``docs/`` for the story; ``foldax.mem
 it and ``foldax bench`` reproduces the numbers.
 """
 
+import importlib.metadata as _metadata
+
 from . import memory as memory
 from ._checks import debug_checks as debug_checks
 from ._engine import memory_budget as memory_budget
+from ._pairwise import dot_product_attention as dot_product_attention
 from ._pairwise import pairwise_reduce as pairwise_reduce
 from ._segment import segment_argmax as segment_argmax
 from ._segment import segment_argmin as segment_argmin
@@ -29,4 +32,7 @@ from ._ssm import cauchy as cauchy
 from ._ssm import vandermonde as vandermonde
 from ._ssm import vandermonde_transpose as vandermonde_transpose
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version: pyproject.toml is its one source
+    __version__ = _metadata.version("foldax")
+except _metadata.PackageNotFoundError:  # imported from a checkout that is not installed
+    __version__ = "0+unknown"

@@ -4,7 +4,6 @@ when the slots are split too), and its outputs' avals."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -108,7 +107,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
                 init = (init, ti * plan.steps_j)
                 (st_b, tot, bufs), _ = lax.scan(inner, init, None, length=plan.steps_j)[0]
             else:  # only the blocks of y the mask keeps something of
-                live = _live_blocks(functools.partial(spec.pair_mask, consts), plan, ti)
+                live = _live_blocks(spec, consts, plan, ti)
                 order = jnp.nonzero(live, size=plan.steps_j, fill_value=0)[0].astype(jnp.int32)
                 t0 = ti * plan.steps_j
                 visit = lambda k, c2: step(plan, rows, (c2, t0 + order[k]), None, True)[0][0]  # noqa: E731
@@ -196,20 +195,26 @@ def _not_before(carry, inputs):
     return jax.tree.map(zero_after, carry)
 
 
-def _live_blocks(pair_mask, plan, ti):
+def _live_blocks(spec, consts, plan, ti):
     """``(steps_j,)``: which blocks of ``y`` the mask keeps a pair of, against block ``ti`` of
-    slots (one block of pairs at a time: nothing of size ``M * N`` is made)."""
+    slots: from ``spec.block_live`` where the fold has one (no pair is looked at), else from
+    the mask on every pair, one block of pairs at a time (nothing of size ``M * N`` is made)."""
     # A clamped last block overlaps the one before it: counting its overlap can only visit a
     # block more (the step masks what it does not own), never skip one.
-    i = plan.cells(ti, plan.m, plan.bi)[0] + jnp.arange(plan.bi, dtype=jnp.int32)
+    i0 = plan.cells(ti, plan.m, plan.bi)[0]
+    tj = jnp.arange(plan.steps_j, dtype=jnp.int32)
+    if spec.block_live is not None:
+        j0 = plan.first + jnp.minimum(tj * plan.bj, plan.n - plan.bj)  # the blocks' starts
+        return spec.block_live(consts, i0, j0, plan.bi, plan.bj)
+    i = i0 + jnp.arange(plan.bi, dtype=jnp.int32)
 
     def live(tj):
         j = plan.first + plan.cells(tj, plan.n, plan.bj)[0] + jnp.arange(plan.bj, dtype=jnp.int32)
-        return jnp.any(pair_mask(i[:, None], j[None, :]))
+        return jnp.any(spec.pair_mask(consts, i[:, None], j[None, :]))
 
     # a few blocks at a time: at most ~2^20 mask cells (1 MB) live, whatever N is
     per = max(1, min(plan.steps_j, 2**20 // (plan.bi * plan.bj)))
-    return lax.map(live, jnp.arange(plan.steps_j, dtype=jnp.int32), batch_size=per)
+    return lax.map(live, tj, batch_size=per)
 
 
 def _around(ring, n, sweep, carry, rows):

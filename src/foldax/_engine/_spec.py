@@ -31,7 +31,11 @@ class Spec:
     (dense plans): ``pair_mask(consts, i, j) -> bool`` of the fold's consts (a derived fold's
     begin with its parent's) and broadcasting global slot and row indices;
     pairs where it is false take no part, and a tile where it is false everywhere is skipped
-    (not computed), in this fold and in every fold derived from it. ``origin``: for a tangent
+    (not computed), in this fold and in every fold derived from it. ``block_live`` (with a
+    ``pair_mask``): ``block_live(consts, i0, j0, bi, bj) -> bool`` of the first slot ``i0`` of a
+    block of ``bi`` slots and the first rows ``j0`` (an array) of blocks of ``bj`` rows: whether
+    each block may hold a kept pair (a superset is fine, the steps mask the rest); without it
+    the mask itself is evaluated on every pair to find the live blocks. ``origin``: for a tangent
     fold (``derive("jvp", shape)``), ``(parent rule, shape)``: transposed in all its tangents,
     it is the parent's cotangent fold. ``direct``: the one XLA operation the fold is, when it
     is not batched (:mod:`._direct`; its derived folds are direct too).
@@ -48,6 +52,7 @@ class Spec:
     slot_psum: bool = False
     name: str = "foldax"
     pair_mask: Callable | None = None
+    block_live: Callable | None = None
     origin: Any = None
     direct: str | None = None
 

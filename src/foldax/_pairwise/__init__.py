@@ -5,10 +5,13 @@ walks blocks of ``bi`` rows of ``x`` by ``bj`` rows of ``y``, folding each tile 
 state per row of ``x``; every derivative is another such fold, recomputing each tile. Memory is
 ``O(bi * bj + M + N)``, forward, backward and forward-mode.
 
-``_reduce``: the public :func:`pairwise_reduce`; ``_kernel``: reduction names, kernel outputs,
-value packing; ``_tiles``: the fold; ``_masks``: pair masks; ``_mesh``: device meshes.
+``_reduce``: the public :func:`pairwise_reduce`; ``_attention``: :func:`dot_product_attention`
+on it; ``_kernel``: reduction names, kernel outputs, value packing; ``_tiles``: the fold;
+``_masks``: which pairs take part (masks, segment ids) and which blocks to visit;
+``_intervals``: a mask's formula bounded on a block; ``_mesh``: device meshes.
 """
 
+from ._attention import dot_product_attention as dot_product_attention
 from ._kernel import _monoid_for as _monoid_for
 from ._reduce import pairwise_reduce as pairwise_reduce
 from ._tiles import _block_sizes as _block_sizes

@@ -1,23 +1,109 @@
-"""Masks ``mask(i, j) -> bool`` over pairs of indices: checked, traced once on a pair of int32
-indices, and evaluated on a tile's index arrays with the arrays they close over passed in."""
+"""Which pairs take part: a mask ``mask(i, j) -> bool`` over pairs of indices and / or segment
+ids of the rows of ``x`` and ``y`` (pairs within one segment), checked, and turned into the
+engine's two tests: on a tile's pairs (exact), and on whole blocks (which to visit at all).
+
+The mask is traced once on a pair of int32 indices; the arrays it closes over, and the
+segment ids, are the fold's inputs (jit arguments, vmapped arrays: each batch element its own
+mask), never constants of its implementation. Blocks are listed without looking at their
+pairs where that can be done: from the segment ids' range in each block (``O(M + N)`` work
+per block of ``x``) and from the mask's own formula (:mod:`._intervals`: exact for causal,
+sliding-window, padding and block-diagonal masks); only a mask that reads arrays by index
+(``doc[i] == doc[j]``) and comes without ``segment_ids`` is evaluated on every pair.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _closure
+from ._intervals import block_test
 
 
-def _check_mask(name, mask, on_mesh):
-    """``mask`` traced on one pair of indices: ``(Closed, consts)`` (see :func:`_pair_mask`)."""
-    if not callable(mask):
-        raise TypeError(f"{name}: mask must be a callable mask(i, j) -> bool, got {mask!r:.60}.")
+@dataclasses.dataclass(frozen=True, eq=False)
+class Masking:
+    """The pairs that take part. ``closed``: the user's traced mask (or ``None``), reading
+    ``consts[:n_mask]``; ``ids``: whether ``consts`` end with the segment ids of ``x`` and of
+    ``y``; ``live`` / ``bounded``: the mask's block test (:func:`._intervals.block_test`)."""
+
+    closed: _closure.Closed | None
+    consts: tuple
+    n_mask: int
+    ids: bool
+    live: object = None
+    bounded: bool = True
+
+    def pair_mask(self, start):
+        """The engine's ``pair_mask(consts, i, j)``, reading this masking's arrays from the
+        fold's consts ``[start, start + len(self.consts))``."""
+
+        def pair_mask(consts, i, j):
+            own = tuple(consts[start : start + len(self.consts)])
+            keep = True
+            if self.closed is not None:
+                mask = lambda a, b: self.closed(own[: self.n_mask], a, b)  # noqa: E731
+                keep = jnp.vectorize(mask)(i, j)
+            if self.ids:
+                ids_x, ids_y = own[self.n_mask :]
+                keep = keep & (ids_x[i] == ids_y[j])
+            return keep
+
+        return pair_mask
+
+    def block_live(self, start):
+        """The engine's ``block_live(consts, i0, j0, bi, bj)``, or ``None`` where only the pairs
+        themselves can tell (a mask the analysis cannot bound, and no segment ids)."""
+        if not self.ids and not self.bounded:
+            return None
+
+        def block_live(consts, i0, j0, bi, bj):
+            own = tuple(consts[start : start + len(self.consts)])
+            live = jnp.ones(j0.shape, jnp.bool_)
+            if self.closed is not None:
+                live = self.live(own[: self.n_mask], i0, i0 + bi - 1, j0, j0 + bj - 1)
+            if self.ids:
+                live = live & _ids_overlap(*own[self.n_mask :], i0, j0, bi, bj)
+            return live
+
+        return block_live
+
+
+def _ids_overlap(ids_x, ids_y, i0, j0, bi, bj):
+    """Whether the range of segment ids in the block of ``x`` at ``i0`` meets the range of
+    each block of ``y`` at ``j0`` (sorted ids: exactly when they share an id; unsorted ids
+    are still correct, with fewer blocks skipped)."""
+    own_x = jax.lax.dynamic_slice_in_dim(ids_x, i0, bi)
+    rows = j0[:, None] + jnp.arange(bj, dtype=jnp.int32)[None, :]
+    own_y = ids_y[rows]  # (blocks, bj): one gather of N ids
+    lo_y, hi_y = own_y.min(axis=1), own_y.max(axis=1)
+    return (own_x.min() <= hi_y) & (lo_y <= own_x.max())
+
+
+def check_masking(name, mask, segment_ids, m, n, on_mesh):
+    """``Masking`` for the public function ``name`` (``None`` when every pair takes part)."""
+    if mask is None and segment_ids is None:
+        return None
     if on_mesh:
         raise ValueError(
-            f"{name}: mask is not supported with sharded x / y or axis_name yet; call it on "
-            f"one device, or fold the mask into the kernel (a -inf logit, a 0 weight)."
+            f"{name}: mask and segment_ids are not supported with sharded x / y or axis_name "
+            f"yet; call it on one device, or fold the mask into the kernel (a -inf logit, a 0 "
+            f"weight)."
         )
+    closed, consts, live, bounded = None, [], None, True
+    if mask is not None:
+        closed, consts = _check_mask(name, mask)
+        live, bounded = block_test(closed)
+    ids = _check_segment_ids(name, segment_ids, m, n)
+    return Masking(closed, (*consts, *ids), len(consts), bool(ids), live, bounded)
+
+
+def _check_mask(name, mask):
+    """``mask`` traced on one pair of int32 indices: ``(Closed, consts)``."""
+    if not callable(mask):
+        raise TypeError(f"{name}: mask must be a callable mask(i, j) -> bool, got {mask!r:.60}.")
     index = jax.ShapeDtypeStruct((), jnp.int32)
     try:
         closed, consts = _closure.trace(mask, index, index)
@@ -36,14 +122,24 @@ def _check_mask(name, mask, on_mesh):
     return closed, consts
 
 
-def _pair_mask(closed, start, count):
-    """The engine's ``pair_mask(consts, i, j)``: the user's mask (traced on one pair of
-    indices), on broadcasting index arrays, reading the arrays it closes over from the fold's
-    consts ``[start, start + count)``: whatever they are (jit arguments, vmapped arrays), they
-    are the fold's inputs, never constants of its implementation."""
-
-    def pair_mask(consts, i, j):
-        own = tuple(consts[start : start + count])
-        return jnp.vectorize(lambda a, b: closed(own, a, b))(i, j)
-
-    return pair_mask
+def _check_segment_ids(name, segment_ids, m, n):
+    """``(ids_x, ids_y)`` as int32 arrays of shapes ``(M,)`` and ``(N,)``, or ``()``."""
+    if segment_ids is None:
+        return ()
+    pair = segment_ids if isinstance(segment_ids, tuple | list) else (segment_ids, segment_ids)
+    if len(pair) != 2:
+        raise ValueError(
+            f"{name}: segment_ids must be one array (the same ids for x and y) or a pair "
+            f"(ids of the rows of x, ids of the rows of y), got {len(pair)} values."
+        )
+    out = []
+    for which, ids, rows in (("x", pair[0], m), ("y", pair[1], n)):
+        if not isinstance(ids, jax.Array | np.ndarray):
+            ids = np.asarray(ids)
+        if not jnp.issubdtype(ids.dtype, jnp.integer) or np.shape(ids) != (rows,):
+            raise ValueError(
+                f"{name}: segment_ids for the rows of {which} must be integers of shape "
+                f"({rows},), got {ids.dtype} of shape {np.shape(ids)}."
+            )
+        out.append(jnp.asarray(ids, jnp.int32))
+    return tuple(out)

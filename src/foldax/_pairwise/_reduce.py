@@ -20,7 +20,7 @@ from ._kernel import (
     _packed_values,
     _row_avals,
 )
-from ._masks import _check_mask
+from ._masks import check_masking
 from ._mesh import _mesh_split, _on_mesh
 from ._tiles import _local, _num_rows
 
@@ -44,7 +44,7 @@ def _mask_examples(arguments):
 #: Eager calls run one cached executable (:mod:`foldax._eager`): ``x``, ``y`` and the arrays
 #: ``kernel`` / ``mask`` close over are its inputs; every other argument is static.
 _eager_call = _eager.cached(
-    dynamic=("x", "y"),
+    dynamic=("x", "y", "segment_ids"),
     hoist={
         "kernel": _eager.Hoist(_kernel_examples),
         "mask": _eager.Hoist(_mask_examples),
@@ -62,6 +62,7 @@ def pairwise_reduce(
     k: int | None = None,
     block_size: int | tuple[int, int] | None = None,
     mask: Callable[[Any, Any], Any] | None = None,
+    segment_ids: Any = None,
     axis_name: str | tuple[str, ...] | None = None,
 ) -> Array | tuple[Array, Array]:
     """Reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, without the ``(M, N)`` matrix.
@@ -93,6 +94,17 @@ def pairwise_reduce(
         backward, so a sparse mask costs what it keeps. A row of ``x`` with every pair masked
         gives the reduction's identity (0 for sum and softmax, -inf for logsumexp, +inf / -inf
         for min / max) with zero gradients. Not with sharded inputs or ``axis_name``.
+        The blocks to visit come from the mask's formula where it can be bounded on a block
+        (causal, sliding window, ``j < n``, ``i // b == j // b`` and their combinations: no
+        pair is looked at); a mask that reads arrays by index is evaluated on every pair
+        once to list them, so pass document ids as ``segment_ids`` instead.
+      segment_ids: optional integer array ``(M,)`` when ``x`` and ``y`` have the same rows
+        (self-attention), or a pair ``(ids_x (M,), ids_y (N,))``: only pairs with
+        ``ids_x[i] == ids_y[j]`` take part (packed sequences: each document attends within
+        itself), combined with ``mask`` by *and*. Traced or vmapped ids are fine. With sorted
+        ids, the blocks with no pair in a common segment are skipped, listed from each block's
+        range of ids (``O(M + N)`` work per block of ``x``, no pair looked at); unsorted ids
+        give the same values, with fewer blocks skipped.
       block_size: static int or pair ``(bi, bj)``: rows of ``x`` and ``y`` per tile, per
         element of an enclosing ``vmap`` (default: chosen when the computation is compiled, from
         the memory budget and the batch of every enclosing ``vmap``; see
@@ -123,7 +135,14 @@ def pairwise_reduce(
       >>> foldax.pairwise_reduce(lambda a, b: jnp.sum((a - b) ** 2), x, y, reduction="argmin")
       Array([0, 0], dtype=int32)
     """
-    name = "foldax.pairwise_reduce"
+    return reduce_pairs("foldax.pairwise_reduce", **locals())
+
+
+def reduce_pairs(
+    name, kernel, x, y, *, reduction, k, block_size, mask, segment_ids, axis_name, residual=False
+):
+    """:func:`pairwise_reduce` for the public function ``name``; with ``residual`` (softmax on
+    one device) the pair ``(out, log-sum-exp of each row's logits)``."""
     if not callable(kernel):
         raise TypeError(f"{name}: kernel must be callable, got {type(kernel).__name__}.")
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
@@ -137,10 +156,14 @@ def pairwise_reduce(
         kernel, unpack = _packed_values(kernel, aval[1])
     axes = _shard.axis_tuple(name, axis_name)
     split = None if axes else _mesh_split(name, x, y, m, n)
-    if mask is not None:
-        mask = _check_mask(name, mask, split is not None or bool(axes))
+    mask = check_masking(name, mask, segment_ids, m, n, split is not None or bool(axes))
     if split is None:
-        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask)
+        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask, raw=residual)
+    elif residual:
+        raise ValueError(f"{name}: return_residual is not supported with sharded inputs yet.")
     else:
         out = _on_mesh(name, kernel, x, y, monoid, block_size, *split)
+    if residual:
+        out, lse = out
+        return unpack(out), lse
     return out if unpack is None else unpack(out)

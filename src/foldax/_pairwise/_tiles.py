@@ -12,7 +12,6 @@ import numpy as np
 from .. import _checks, _engine, _shard
 from .._reductions import SoftmaxSum
 from ._kernel import _has_dot, _row_avals
-from ._masks import _pair_mask
 
 
 def _num_rows(name, argname, tree):
@@ -52,7 +51,7 @@ def _block_sizes(name, block_size, m, n):
     return min(bi, m), min(bj, n)
 
 
-def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None):
+def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw=False):
     """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``: one engine fold.
 
     The rows of ``x`` are the fold's slots, the rows of ``y`` (walked transposed, see ``tile``)
@@ -61,10 +60,12 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None):
     the rows of ``y`` (inside ``shard_map``; ``x`` is the same on every device along them, the
     states are all-reduced and indices are global), ``ring`` the axes that split both: the blocks
     of ``y`` go round the devices (``ppermute``) and come home with their cotangents.
+    ``mask``: a :class:`._masks.Masking` or ``None``; ``raw``: the monoid's outputs, not its
+    public result (a softmax's log-sum-exps too).
     """
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
     if m == 0 or n == 0:
-        return _empty(monoid, kernel, x, y, m)
+        return _empty(monoid, kernel, x, y, m, raw)
     if axes and _shard.types_checked(axes):
         # x meets rows of y that differ per device: make it varying here, outside the fold, so
         # that its cotangent is accumulated locally and summed once (the cast's transpose).
@@ -76,10 +77,10 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None):
     x_leaves, x_tree = jax.tree.flatten(x)
     y_leaves, y_tree = jax.tree.flatten(y)
     nk = len(consts)
-    if mask is not None:  # the arrays the mask closes over follow the kernel's
-        closed, mask_consts = mask
-        mask = _pair_mask(closed, nk, len(mask_consts))
-        consts = [*consts, *mask_consts]
+    pair_mask = block_live = None
+    if mask is not None:  # the arrays the mask reads follow the kernel's
+        pair_mask, block_live = mask.pair_mask(nk), mask.block_live(nk)
+        consts = [*consts, *mask.consts]
 
     def body(consts, slots, rows, mask, index):
         xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
@@ -94,12 +95,13 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None):
         axes=axes,
         ring=ring,
         name=name,
-        pair_mask=mask,
+        pair_mask=pair_mask,
+        block_live=block_live,
     )
     # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
     rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves
     outs, _, _ = _engine.fold(spec, (), tuple(consts), x_leaves, rows)
-    return monoid.result(outs)
+    return tuple(outs) if raw else monoid.result(outs)
 
 
 def _tile_fn(conv, consts, xi, yj, monoid):
@@ -145,12 +147,12 @@ def _tile_fn(conv, consts, xi, yj, monoid):
     return tile, monoid, not contracts
 
 
-def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=None):
+def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=None, raw=False):
     """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes`` (its
     states all-reduced) or over ``ring`` (axes that split ``x`` too: its blocks go round)."""
     block = _block_sizes(name, block_size, m, n)
     if m == 0 or n == 0:
-        return _empty(monoid, kernel, x, y, m)
+        return _empty(monoid, kernel, x, y, m, raw)
     if axes and _shard.types_checked(axes):
         split_x = [ax for ax in axes if any(ax in _shard.varying(a) for a in jax.tree.leaves(x))]
         if split_x:
@@ -159,10 +161,10 @@ def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=Non
                 f"rows of y (the reduced axis) and every device must hold the same rows of x; "
                 f"replicate x along it (in_specs P() for x), or split x over another mesh axis."
             )
-    return pairwise(name, kernel, x, y, monoid, block, axes, ring, mask)
+    return pairwise(name, kernel, x, y, monoid, block, axes, ring, mask, raw)
 
 
-def _empty(monoid, kernel, x, y, m):
+def _empty(monoid, kernel, x, y, m, raw=False):
     """No rows of ``x`` or of ``y``: the reduction's identity for each row of ``x`` (0 for sums,
     -inf for a log-sum-exp, the dtype's lowest / highest for extrema, index ``2**31 - 1``; see
     :func:`pairwise_reduce`), in the kernel's dtype, from the states the engine would start from."""
@@ -174,4 +176,5 @@ def _empty(monoid, kernel, x, y, m):
     first, dtype = outs[0], getattr(row, "dtype", None)
     if dtype is not None and jnp.issubdtype(first.dtype, jnp.floating) and first.dtype != dtype:
         first = first.astype(dtype)
-    return monoid.result((first, *outs[1:]))
+    outs = (first, *outs[1:])
+    return outs if raw else monoid.result(outs)
