@@ -133,9 +133,11 @@ def _head(q, k, v, *, scale, mask, ids, bias, pairs, block_size, residual):
 
     def kernel(a, b):
         qa = a[0] if with_index else a
-        logit = scale * jnp.dot(qa, b[0], preferred_element_type=jnp.float32)
+        wide = jnp.dtype(qa.dtype).itemsize >= 4
+        acc = qa.dtype if wide else jnp.float32  # half-precision logits in float32
+        logit = scale * jnp.dot(qa, b[0], preferred_element_type=acc)
         if with_index:
-            logit = logit + bias[a[1], b[2]].astype(jnp.float32)
+            logit = logit + bias[a[1], b[2]].astype(acc)
         return logit, b[1]
 
     keep = _all(mask, None if pairs is None else (lambda i, j: pairs[i, j]))

@@ -1,0 +1,356 @@
+"""Attention with masks from traced arrays: ``pairwise_reduce(mask=, segment_ids=)`` and
+``foldax.dot_product_attention`` against float64 references and ``jax.nn``, under ``jit``,
+``vmap`` and ``grad``; the blocks a mask or segment ids remove listed without looking at
+their pairs, and memory that grows like L, not L^2."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_allclose
+from jax.test_util import check_grads
+
+import foldax
+from foldax import _closure
+from foldax._pairwise._intervals import block_test
+from foldax.memory import report
+
+F32 = np.float32
+
+
+def _kernel(a, b):
+    return a @ b[0], b[1]
+
+
+def _attend(q, k, v, seg):
+    """The packed-sequence call as users write it: a mask closing over a jit argument."""
+    return foldax.pairwise_reduce(
+        _kernel, q, (k, v), reduction="softmax", mask=lambda i, j: (seg[i] == seg[j]) & (j <= i)
+    )
+
+
+def _softmax_ref(q, k, v, keep, scale=1.0, bias=0.0):
+    """float64 masked softmax attention, ``(..., T, H)`` against ``(..., S, H)``; a query with
+    nothing kept is 0."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    s = np.einsum("...th,...sh->...ts", q, k) * scale + bias
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    z = p.sum(-1, keepdims=True)
+    return np.einsum("...ts,...sh->...th", p / np.where(z > 0, z, 1.0), v)
+
+
+def _dense(q, k, v, keep):
+    """The same in jnp (a reference for gradients, in the inputs' dtype)."""
+    s = jnp.where(keep, q @ jnp.swapaxes(k, -1, -2), -jnp.inf)
+    m = jax.lax.stop_gradient(jnp.max(s, -1, keepdims=True))
+    p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    z = p.sum(-1, keepdims=True)
+    return jnp.where(z > 0, (p @ v) / jnp.where(z > 0, z, 1.0), 0.0)
+
+
+def _docs(rng, length, n_docs, batch=None):
+    shape = (length,) if batch is None else (batch, length)
+    return jnp.asarray(np.sort(rng.integers(0, n_docs, shape), axis=-1), jnp.int32)
+
+
+def _qkv(rng, *shape):
+    return tuple(jnp.asarray(rng.standard_normal(shape), F32) for _ in range(3))
+
+
+def _keep_docs(seg):
+    seg = np.asarray(seg)
+    n = seg.shape[-1]
+    causal = np.arange(n)[None, :] <= np.arange(n)[:, None]
+    return (seg[..., :, None] == seg[..., None, :]) & causal
+
+
+# ----------------------------------------------------------------------------------------------
+# Masks closing over traced arrays
+
+
+def test_mask_closing_over_jit_argument_under_jit_vmap_and_grad(rng):
+    q, k, v = _qkv(rng, 72, 8)
+    seg = _docs(rng, 72, 5)
+    keep = _keep_docs(seg)
+    assert_allclose(jax.jit(_attend)(q, k, v, seg), _softmax_ref(q, k, v, keep), dtype=F32)
+
+    segs = _docs(rng, 72, 6, batch=4)  # a batch of four packings, each its own mask
+    qs, ks, vs = (jnp.stack([a] * 4) for a in (q, k, v))
+    got = jax.jit(jax.vmap(_attend))(qs, ks, vs, segs)
+    assert_allclose(got, _softmax_ref(qs, ks, vs, _keep_docs(segs)), dtype=F32)
+
+    loss = lambda f: lambda q, k, v: (f(q, k, v) ** 2).sum()  # noqa: E731
+    got = jax.jit(jax.grad(loss(lambda q, k, v: _attend(q, k, v, seg)), (0, 1, 2)))(q, k, v)
+    want = jax.grad(loss(lambda q, k, v: _dense(q, k, v, keep)), (0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        assert_allclose(g, w, dtype=F32, scale=10)
+
+
+def test_padding_mask_from_traced_lengths(rng):
+    q, k, v = _qkv(rng, 4, 40, 8)
+    lengths = jnp.array([40, 17, 1, 29])
+
+    def pad(q, k, v, n):
+        return foldax.pairwise_reduce(
+            _kernel, q, (k, v), reduction="softmax", mask=lambda i, j: j < n, block_size=8
+        )
+
+    keep = np.arange(40)[None, None, :] < np.asarray(lengths)[:, None, None]
+    got = jax.jit(jax.vmap(pad))(q, k, v, lengths)
+    assert_allclose(got, _softmax_ref(q, k, v, keep), dtype=F32)
+    g = jax.grad(lambda q: (jax.vmap(pad)(q, k, v, lengths) ** 2).sum())(q)
+    w = jax.grad(lambda q: (_dense(q, k, v, jnp.asarray(keep)) ** 2).sum())(q)
+    assert_allclose(g, w, dtype=F32, scale=10)
+
+
+def test_segment_ids_keyword_matches_the_mask_and_skips_nothing_it_needs(rng):
+    q, k, v = _qkv(rng, 90, 8)
+    seg = _docs(rng, 90, 7)
+    want = _softmax_ref(q, k, v, _keep_docs(seg))
+    causal = lambda i, j: j <= i  # noqa: E731
+    for block in (None, 8, (16, 4)):
+        got = jax.jit(
+            lambda q, k, v, s, b=block: foldax.pairwise_reduce(
+                _kernel, q, (k, v), reduction="softmax", segment_ids=s, mask=causal, block_size=b
+            )
+        )(q, k, v, seg)
+        assert_allclose(got, want, dtype=F32, err_msg=f"block {block}")
+    # unsorted ids and a pair of ids (cross attention): same values, fewer blocks skipped
+    ids_x = jnp.asarray(rng.integers(0, 4, 90), jnp.int32)
+    ids_y = jnp.asarray(rng.integers(0, 4, 50), jnp.int32)
+    k2, v2 = k[:50], v[:50]
+    got = foldax.pairwise_reduce(
+        _kernel, q, (k2, v2), reduction="softmax", segment_ids=(ids_x, ids_y), block_size=8
+    )
+    keep = np.asarray(ids_x)[:, None] == np.asarray(ids_y)[None, :]
+    assert_allclose(got, _softmax_ref(q, k2, v2, keep), dtype=F32)
+
+
+def test_segment_ids_for_other_reductions_and_their_errors(rng):
+    x = jnp.asarray(rng.standard_normal((30, 2)), F32)
+    ids = jnp.asarray(np.repeat(np.arange(3), 10), jnp.int32)
+    dist = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+    got = foldax.pairwise_reduce(dist, x, x, reduction="argmax", segment_ids=ids, block_size=4)
+    d = np.sum((np.asarray(x)[:, None] - np.asarray(x)[None]) ** 2, -1)
+    d = np.where(np.asarray(ids)[:, None] == np.asarray(ids)[None, :], d, -np.inf)
+    np.testing.assert_array_equal(got, d.argmax(1))
+    with pytest.raises(ValueError, match=r"pairwise_reduce: segment_ids for the rows of y"):
+        foldax.pairwise_reduce(dist, x, x[:5], segment_ids=ids)
+    with pytest.raises(ValueError, match=r"pairwise_reduce: segment_ids for the rows of x must be"):
+        foldax.pairwise_reduce(dist, x, x, segment_ids=ids.astype(F32))
+    with pytest.raises(ValueError, match=r"pairwise_reduce: segment_ids must be one array"):
+        foldax.pairwise_reduce(dist, x, x, segment_ids=(ids, ids, ids))
+
+
+def test_packed_attention_gradients_check_numerically(rng):
+    q, k, v = (np.asarray(a, np.float64) for a in _qkv(rng, 24, 3))
+    seg = _docs(rng, 24, 3)
+    with jax.enable_x64(True):
+        q, k, v = (jnp.asarray(a) for a in (q, k, v))
+        f = lambda q, k, v: foldax.dot_product_attention(  # noqa: E731
+            q[:, None], k[:, None], v[:, None], is_causal=True, segment_ids=seg, block_size=8
+        )
+        check_grads(f, (q, k, v), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Blocks listed from the mask's formula
+
+
+_N = jnp.int32(40)
+_SEG = jnp.repeat(jnp.arange(4), 16)
+_MASKS = {
+    "causal": (lambda i, j: j <= i, True),
+    "window": (lambda i, j: (j <= i) & (j > i - 7), True),
+    "padding": (lambda i, j: j < _N, True),
+    "block-diagonal": (lambda i, j: i // 8 == j // 8, True),
+    "two-sided": (lambda i, j: jnp.abs(i - j) <= 3, True),
+    "branches": (lambda i, j: jnp.where(i > 10, j < 5, j > 20), True),
+    "float": (lambda i, j: i.astype(jnp.float32) * 0.5 >= j.astype(jnp.float32), True),
+    "documents": (lambda i, j: (_SEG[i] == _SEG[j]) & (j <= i), False),
+}
+
+
+@pytest.mark.parametrize("name", list(_MASKS))
+def test_block_test_is_never_wrong_and_exact_where_bounded(rng, name):
+    mask, bounded = _MASKS[name]
+    index = jax.ShapeDtypeStruct((), jnp.int32)
+    closed, consts = _closure.trace(mask, index, index)
+    live, exact = block_test(closed)
+    assert exact == bounded
+    pairs = np.asarray(
+        jax.vmap(jax.vmap(mask, (None, 0)), (0, None))(jnp.arange(64), jnp.arange(64))
+    )
+    lo = rng.integers(0, 64, (400, 2))
+    hi = lo + rng.integers(0, 12, (400, 2))
+    hi = np.minimum(hi, 63)
+    got = np.asarray(live(consts, lo[:, 0], hi[:, 0], lo[:, 1], hi[:, 1]))
+    truth = np.array(
+        [pairs[a : b + 1, c : d + 1].any() for a, c, b, d in zip(*lo.T, *hi.T, strict=True)]
+    )
+    assert not np.any(truth & ~got), "a block with a kept pair was skipped"
+    if bounded and name != "documents":
+        np.testing.assert_array_equal(got, truth)
+
+
+def test_listed_blocks_follow_documents_and_causality():
+    """With sorted ids and a causal mask, the live blocks are those on the diagonal blocks of
+    documents below the diagonal: counted from the engine's own block test."""
+    from foldax._pairwise._masks import check_masking
+
+    ids = jnp.asarray(np.repeat(np.arange(4), [40, 24, 32, 32]), jnp.int32)  # 128 tokens
+    masking = check_masking("t", lambda i, j: j <= i, ids, 128, 128, False)
+    live = masking.block_live(0)
+    j0 = jnp.arange(0, 128, 8, dtype=jnp.int32)
+    got = np.stack(
+        [np.asarray(live(masking.consts, jnp.int32(i0), j0, 8, 8)) for i0 in range(0, 128, 8)]
+    )
+    keep = _keep_docs(ids)
+    want = keep.reshape(16, 8, 16, 8).any(axis=(1, 3))
+    np.testing.assert_array_equal(got, want)
+    assert got.sum() < 0.3 * got.size
+
+
+# ----------------------------------------------------------------------------------------------
+# dot_product_attention: jax.nn's call
+
+
+def _grouped_ref(q, k, v, keep=True, bias=0.0, scale=None):
+    """float64 reference in jax.nn's layout ``(B, T, N, H)`` with K key / value heads."""
+    n, kh, h = q.shape[2], k.shape[2], q.shape[3]
+    g = n // kh
+    k, v = (np.repeat(np.asarray(a, np.float64), g, axis=2) for a in (k, v))
+    t = lambda a: np.swapaxes(np.asarray(a, np.float64), 1, 2)  # noqa: E731
+    scale = 1 / np.sqrt(h) if scale is None else scale
+    return np.swapaxes(_softmax_ref(t(q), t(k), t(v), keep, scale, bias), 1, 2)
+
+
+@pytest.fixture
+def heads(rng):
+    b, t, n, kh, h = 2, 36, 4, 2, 8
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), F32)
+    k, v = (jnp.asarray(rng.standard_normal((b, t, kh, h)), F32) for _ in range(2))
+    return q, k, v
+
+
+def test_matches_jax_nn_on_its_own_options(rng, heads):
+    q, k, v = heads
+    t = q.shape[1]
+    ii, jj = np.arange(t)[:, None], np.arange(t)[None, :]
+    lengths = jnp.array([30, 7])
+    bias = jnp.asarray(rng.standard_normal((1, 4, t, t)), F32)
+    pairs = jnp.asarray(rng.random((2, 1, t, t)) < 0.6)
+    cases = {
+        "plain": ({}, True, 0.0),
+        "causal": ({"is_causal": True}, jj <= ii, 0.0),
+        "window": ({"local_window_size": (3, 2)}, (jj >= ii - 3) & (jj <= ii + 2), 0.0),
+        "lengths": (
+            {"key_value_seq_lengths": lengths},
+            jj[None, None] < np.asarray(lengths)[:, None, None, None],
+            0.0,
+        ),
+        "bias": ({"bias": bias}, True, np.asarray(bias)),
+        "mask": ({"mask": pairs}, np.asarray(pairs), 0.0),
+        "scale": ({"scale": 0.3}, True, 0.0),
+    }
+    for name, (kw, keep, b) in cases.items():
+        got = jax.jit(lambda q, k, v, kw=kw: foldax.dot_product_attention(q, k, v, **kw))(q, k, v)
+        want = _grouped_ref(q, k, v, keep, b, kw.get("scale"))
+        assert_allclose(got, want, dtype=F32, scale=3, err_msg=name)
+        assert_allclose(got, jax.nn.dot_product_attention(q, k, v, **kw), dtype=F32, scale=3)
+
+
+def test_layouts_residual_query_lengths_and_unbatched(heads):
+    q, k, v = heads
+    want, lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
+    t = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
+    out, got_lse = foldax.dot_product_attention(
+        t(q), t(k), t(v), is_causal=True, return_residual=True, layout="BNTH"
+    )
+    assert_allclose(t(out), want, dtype=F32, scale=3)
+    assert got_lse.shape == (2, 4, 36) and got_lse.dtype == jnp.float32
+    assert_allclose(t(got_lse), lse, dtype=F32, scale=30)
+    one = foldax.dot_product_attention(q[1], k[1], v[1], is_causal=True)
+    assert_allclose(one, want[1], dtype=F32, scale=3)
+    lengths = jnp.array([36, 5])
+    got = foldax.dot_product_attention(q, k, v, query_seq_lengths=lengths)
+    ref = jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths)
+    assert_allclose(got, ref, dtype=F32, scale=3)
+    assert np.all(np.asarray(got)[1, 5:] == 0)
+
+
+def test_packed_documents_under_vmap_of_batch_and_grad(rng, heads):
+    q, k, v = heads
+    seg = _docs(rng, 36, 4, batch=2)
+    keep = _keep_docs(seg)[:, None]
+    f = jax.jit(
+        lambda q, k, v, s: foldax.dot_product_attention(q, k, v, is_causal=True, segment_ids=s)
+    )
+    assert_allclose(f(q, k, v, seg), _grouped_ref(q, k, v, keep), dtype=F32, scale=3)
+
+    def dense_loss(q, k, v):
+        g = q.shape[2] // k.shape[2]
+        kk, vv = (jnp.repeat(a, g, axis=2) for a in (k, v))
+        t = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
+        return (_dense(t(q) / np.sqrt(8).astype(F32), t(kk), t(vv), jnp.asarray(keep)) ** 2).sum()
+
+    got = jax.grad(lambda q, k, v: (f(q, k, v, seg) ** 2).sum(), (0, 1, 2))(q, k, v)
+    want = jax.grad(dense_loss, (0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        assert_allclose(g, w, dtype=F32, scale=10)
+
+
+def test_bias_gradient_and_cross_attention_ids(rng):
+    q = jnp.asarray(rng.standard_normal((1, 20, 2, 4)), F32)
+    k, v = (jnp.asarray(rng.standard_normal((1, 12, 1, 4)), F32) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((1, 2, 20, 12)), F32)
+    got = jax.grad(lambda b: foldax.dot_product_attention(q, k, v, b).sum())(bias)
+    want = jax.grad(lambda b: jax.nn.dot_product_attention(q, k, v, b).sum())(bias)
+    assert_allclose(got, want, dtype=F32, scale=3)
+    iq = jnp.asarray(np.sort(rng.integers(0, 3, (1, 20))), jnp.int32)
+    ik = jnp.asarray(np.sort(rng.integers(0, 3, (1, 12))), jnp.int32)
+    out = foldax.dot_product_attention(q, k, v, segment_ids=(iq, ik))
+    keep = (np.asarray(iq)[:, :, None] == np.asarray(ik)[:, None, :])[:, None]
+    assert_allclose(out, _grouped_ref(q, k, v, keep), dtype=F32, scale=3)
+
+
+def test_errors_name_the_function_and_the_fix(heads):
+    q, k, v = heads
+    cases = [
+        ((q, k[..., :4], v), {}, r"key's head size 4 is not query's 8"),
+        ((q, k[:, :, :1].repeat(3, 2), v), {}, r"value has 36 rows and 2 heads where key has"),
+        ((q[..., :3, :], k, v), {}, r"query's 3 heads are not a multiple of key's 2"),
+        ((q, k, v), {"layout": "TBNH"}, r"layout must be 'BTNH' or 'BNTH'"),
+        ((q, k, v[0]), {}, r"query, key and value must all be 4-D"),
+        ((q, k, v), {"segment_ids": jnp.zeros((3, 36), jnp.int32)}, r"segment_ids has shape"),
+        ((q, k, v), {"mask": jnp.ones((2, 4, 36, 36))}, r"mask must be boolean or a callable"),
+        ((q, k, v), {"bias": jnp.ones((2, 3, 36, 36))}, r"bias of shape .* does not broadcast"),
+    ]
+    for args, kw, match in cases:
+        with pytest.raises(ValueError, match=r"foldax.dot_product_attention: " + match):
+            foldax.dot_product_attention(*args, **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory
+
+
+def test_packed_attention_memory_grows_like_length_not_its_square(rng):
+    """Temp bytes from L to 4L (16 documents) grow at most 4.5x, forward and gradient, and stay
+    far below one (L, L) float32 buffer."""
+
+    def temps(length):
+        q = jax.ShapeDtypeStruct((1, length, 1, 32), jnp.float32)
+        ids = jax.ShapeDtypeStruct((1, length), jnp.int32)
+        f = lambda q, k, v, s: foldax.dot_product_attention(q, k, v, is_causal=True, segment_ids=s)  # noqa: E731
+        g = jax.grad(lambda q, k, v, s: f(q, k, v, s).sum(), (0, 1, 2))
+        return report(f, q, q, q, ids).temp_bytes, report(g, q, q, q, ids).temp_bytes
+
+    small, large = temps(1024), temps(4096)
+    for s, lg, what in zip(small, large, ("forward", "gradient"), strict=True):
+        assert lg <= 4.5 * max(s, 1), f"{what}: {s} -> {lg} bytes"
+        assert lg < 4096 * 4096 * 4 / 8, f"{what}: {lg} bytes, near an L x L buffer"
