@@ -4,14 +4,13 @@
     python docs/regen_memory_audit.py --check  # exit 1 if a quoted file:line is stale
 
 Every console block that starts with ``$ foldax audit ...`` gets the output of that command,
-run from the repository root. Lines inside foldax's own engine are shown without their line
-number (they move from release to release); lines of the examples and of the workload's model
-keep theirs, and ``tests/test_docs.py`` checks that they are current.
+run from the repository root, as it prints it (paths relative to the root; the audit shows no
+line of foldax's engine, only the lines of the examples and of the workload's model, which
+``tests/test_docs.py`` checks are current).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -21,26 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "memory-audit.md"
 BLOCK = re.compile(r"(```console\n\$ (foldax audit [^\n]*)\n)(.*?)(```)", re.S)
-#: foldax files whose line numbers are quoted (the model of the ragged workload)
-KEEP_LINES = ("src/foldax/_tools/workloads.py",)
 REF = re.compile(r"[\w./-]+\.py:\d+")
 
 
 def run_audit(command: str) -> str:
-    """The stdout of ``foldax audit ...`` run from the repository root, paths made relative."""
+    """The stdout of ``foldax audit ...`` run from the repository root."""
     argv = [sys.executable, "-m", "foldax", *shlex.split(command)[1:]]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise RuntimeError(f"{command} exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
-    prefix = str(ROOT) + os.sep
-
-    def rel(m):
-        path, line = m.group(1), m.group(2)
-        shown = f"{path}:{line}" if path.startswith(("examples/", *KEEP_LINES)) else path
-        return shown + " " * (len(m.group(0)) - len(shown))  # keep the columns aligned
-
-    text = proc.stdout.replace(prefix, "")
-    return re.sub(r"((?:examples|src)/[\w./-]+\.py):(\d+)", rel, text)
+    return "\n".join(line.rstrip() for line in proc.stdout.splitlines())
 
 
 def regenerate(text: str) -> str:

@@ -1,10 +1,12 @@
 """foldax.memory.audit / scaling and `foldax audit`: find the buffer that grows and its line."""
 
+import dataclasses
 import inspect
 import subprocess
 import sys
 from pathlib import Path
 
+import _callables
 import jax
 import jax.numpy as jnp
 import pytest
@@ -342,3 +344,121 @@ def test_scaling_of_a_fold_with_several_steps_has_no_note():
     assert all(s is not None and s >= 8 for s in rep.fold_steps), rep
     assert abs(rep.exponent) < 0.1 and rep.note == "", rep
     assert "note:" not in str(rep)
+
+
+# ----------------------------------------------------------------------------------------------
+# Any callable: Equinox transforms and modules, bound methods, partials, non-array arguments
+
+
+@pytest.mark.parametrize("case", sorted(_callables.CASES))
+def test_audit_of_any_callable_equals_the_plain_jitted_function(case):
+    (fn, args, kwargs), (plain, plain_args) = _callables.CASES[case]
+    got = memory.audit(fn, *args, top=50, **kwargs)
+    want = memory.audit(jax.jit(plain), *plain_args, top=50)
+    assert dataclasses.replace(got.totals, name="") == dataclasses.replace(want.totals, name="")
+    assert (got.peak_bytes, got.peak_kinds) == (want.peak_bytes, want.peak_kinds), (got, want)
+    layout = lambda rep: sorted((b.nbytes, b.kind, b.shape) for b in rep.buffers)  # noqa: E731
+    assert layout(got) == layout(want), (got, want)
+
+
+def test_audit_names_the_arrays_of_an_equinox_module():
+    (fn, args, _), _ = _callables.CASES["eqx.filter_grad"]
+    sources = {b.source for b in memory.audit(fn, *args, top=50).buffers}
+    assert {"argument model.w", "argument model.extra['scale']", "argument x"} <= sources, sources
+    (fn, args, _), _ = _callables.CASES["module method"]
+    sources = {b.source for b in memory.audit(fn, *args, top=50).buffers}
+    assert {"argument self.w", "argument self.extra['scale']", "argument x"} <= sources, sources
+
+
+# ----------------------------------------------------------------------------------------------
+# The printed audit: relative paths, the user's lines only, plain names, every source explained
+
+
+def _line_of(marker):
+    return next(
+        i + 1
+        for i, line in enumerate(Path(__file__).read_text().splitlines())
+        if line.rstrip().endswith(marker)
+    )
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_audit_paths_are_relative_to_the_working_directory(monkeypatch):
+    fn, args = _make(naive_cauchy)(64)
+    monkeypatch.chdir(REPO)
+    text = str(memory.audit(fn, *args, top=3))
+    assert f" tests/test_audit.py:{CAUCHY_LINE} " in text, text
+    assert str(REPO) not in text, text
+    monkeypatch.chdir(REPO / "tests")
+    rep = memory.audit(fn, *args, top=3)
+    assert rep.buffers[0].source == f"test_audit.py:{CAUCHY_LINE}", rep
+
+
+def segment_loss(x):
+    return foldax.segment_logsumexp(x, sizes=[5000, 15000], chunk_size=1024).sum()  # SEGMENT LINE
+
+
+def test_audit_shows_the_users_line_for_what_foldax_made(monkeypatch):
+    """Buffers foldax's engine made (its loops, their states and constants) are put on the line
+    that called foldax; no line of foldax itself is printed."""
+    import re
+
+    monkeypatch.chdir(REPO)
+    rep = memory.audit(jax.grad(segment_loss), jax.ShapeDtypeStruct((20000,), jnp.float32), top=50)
+    text = str(rep)
+    assert "src/foldax/" not in text and "foldax/_" not in text, text
+    assert set(re.findall(r"[\w./-]+\.py:\d+", text)) == {
+        f"tests/test_audit.py:{_line_of('# SEGMENT LINE')}"
+    }, text
+    loop = [b for b in rep.buffers if b.primitive == "while"]
+    assert loop and all(b.source.startswith("tests/test_audit.py:") for b in loop), rep
+
+
+def test_audit_prints_argument_names_without_escapes():
+    def f(params, x):
+        return jnp.sort(jnp.outer(x, params["a"]), axis=0).sum() + params["b"].sum()
+
+    params = {"a": jnp.ones(256), "b": jnp.ones(300)}
+    rep = memory.audit(f, params, jnp.ones(256), top=50)
+    text = str(rep)
+    assert "argument params['a']" in text and "argument params['b']" in text, text
+    assert "\\'" not in text and "\\'" not in "".join(b.op_name for b in rep.buffers), text
+
+
+def test_audit_explains_buffers_xla_made_and_unknown_sources(monkeypatch):
+    """XLA splits the Cauchy kernel's sum in two stages; the first stage's buffer has no line of
+    its own: it is shown with the line that uses it, and the printout says what that means."""
+    monkeypatch.chdir(REPO)
+    fn, args = _make(naive_cauchy)(64)
+    rep = memory.audit(fn, *args, top=50)
+    line = f"tests/test_audit.py:{CAUCHY_LINE}"
+    made = [b for b in rep.buffers if b.source.startswith("made by XLA")]
+    assert made and all(b.source == f"made by XLA (used at {line})" for b in made), rep
+    text = str(rep)
+    assert "\nmade by XLA: a buffer XLA's optimizations made" in text, text
+    assert all(b.source for b in rep.buffers), rep  # nothing left as a bare "?"
+    # a source still unknown prints as "?", with what it means
+    unknown = dataclasses.replace(rep, buffers=(dataclasses.replace(rep.buffers[0], source=""),))
+    assert "?: no line of Python recorded for it" in str(unknown), unknown
+    assert "?:" not in text
+
+
+def test_audit_says_what_live_at_the_peak_counts():
+    """The figure live at the peak counts memory shared in place once, splits by kind, and the
+    printout says why it differs from XLA's temp total."""
+    (fn, args, _), _ = _callables.CASES["module method"]  # its output is written in place
+    rep = memory.audit(fn, *args, top=50)
+    kinds = dict(rep.peak_kinds)
+    assert rep.peak_bytes == sum(kinds.values()), rep
+    t = rep.totals
+    assert rep.peak_bytes - kinds.get("constant", 0) <= t.temp_bytes + t.argument_bytes + (
+        t.output_bytes
+    ), rep
+    assert kinds.get("temp", 0) <= t.temp_bytes and kinds["argument"] == t.argument_bytes, rep
+    lines = str(rep).splitlines()
+    assert lines[1].startswith(f"live at the peak: {memory.format_bytes(rep.peak_bytes)} ("), lines
+    assert lines[2] == f"XLA's totals: {t.figures()}", lines
+    assert "XLA's temp total: all its scratch memory" in lines[3], lines
+    assert "which also holds buffers live at other moments" in lines[3], lines

@@ -251,3 +251,90 @@ def test_device_peak_is_not_run_where_it_cannot_fit(monkeypatch, capsys):
     assert not ran
     out = capsys.readouterr().out.strip()
     assert out == "device gpu:0: not run (XLA's estimate 1.0 MB exceeds its 1.0 KB)", out
+
+
+def _pyproject_version() -> str:
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(__file__).parent.parent / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def test_version_is_the_one_in_pyproject():
+    import foldax
+
+    assert foldax.__version__ == _pyproject_version()
+
+
+def test_version_flag_prints_versions_and_backend():
+    """`foldax --version` from the console: foldax's version, then jax's, jaxlib's and the
+    backend on a second line, exit status 0."""
+    import importlib.metadata
+
+    import jax
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "foldax", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.strip().splitlines()
+    assert first == f"foldax {_pyproject_version()}"
+    assert second.startswith(
+        f"jax {jax.__version__}, jaxlib {importlib.metadata.version('jaxlib')}, Python "
+    ), second
+    n = jax.device_count()
+    assert f"; backend {jax.default_backend()}: {n} device{'s' if n > 1 else ''}" in second
+
+
+def test_version_says_why_no_backend_started(monkeypatch):
+    import jax
+
+    def broken():
+        raise RuntimeError("Unable to initialize backend 'cuda': no CUDA device\nmore detail")
+
+    monkeypatch.setattr(jax, "devices", broken)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    first, second = _cli.version_text().splitlines()
+    assert first == f"foldax {_pyproject_version()}"
+    assert second.endswith(
+        "; no backend could start (JAX_PLATFORMS='cuda'): RuntimeError: Unable to initialize "
+        "backend 'cuda': no CUDA device"
+    ), second
+
+
+def test_plain_turns_markup_into_text():
+    text = (
+        "see :func:`foldax.memory.scaling`, :class:`~foldax.memory.Buffer`, "
+        ":py:meth:`the method <foldax.memory.AuditReport.top>` and ``foldax demo``"
+    )
+    assert _cli._plain(text) == ("see foldax.memory.scaling, Buffer, the method and foldax demo")
+    assert _cli._plain("examples/audit_s4.py:naive, `x`") == "examples/audit_s4.py:naive, `x`"
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["audit"], ["bench"]])
+def test_help_has_no_markup(command, capsys):
+    """What a terminal shows: no reST literals (``x``) and no roles (:func:`x`)."""
+    import re
+
+    with pytest.raises(SystemExit) as e:
+        _cli.main([*command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and not re.search(r":[a-z]+:`", out), out
+    if not command:
+        assert "--version" in out and "foldax demo, foldax audit, foldax bench" in out, out
+
+
+def test_bench_help_names_every_workload(capsys):
+    from foldax._tools import bench as _bench
+
+    with pytest.raises(SystemExit):
+        _cli.main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    listed = out.split("run only this workload (repeatable): ", 1)[1].split(" (default", 1)[0]
+    assert [w.strip() for w in listed.split(",")] == list(_bench.WORKLOADS), listed

@@ -1,5 +1,8 @@
 """Memory bounds, asserted through foldax.memory (XLA's compiled, deterministic figures)."""
 
+import dataclasses
+
+import _callables
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +10,7 @@ import pytest
 
 import foldax
 from foldax._tools import workloads as w
-from foldax.memory import MemoryReport, format_bytes, report
+from foldax.memory import MemoryReport, format_bytes, report, report_from_compiled
 
 REDUCTIONS = [
     foldax.segment_sum,
@@ -233,3 +236,30 @@ def test_memory_budget_refuses_with_a_clear_error(value, error, match):
 def test_format_bytes_terabytes():
     assert format_bytes(2_199_000_000_000) == "2.2 TB"
     assert format_bytes(999 * 10**9) == "999.0 GB"
+
+
+# ----------------------------------------------------------------------------------------------
+# foldax.memory.report on any callable: the figures of the plain jitted function of arrays
+
+
+@pytest.mark.parametrize("case", sorted(_callables.CASES))
+def test_report_of_any_callable_equals_the_plain_jitted_function(case):
+    (fn, args, kwargs), (plain, plain_args) = _callables.CASES[case]
+    got = report(fn, *args, **kwargs)
+    want = report_from_compiled(jax.jit(plain).lower(*plain_args).compile())
+    assert dataclasses.replace(got, name="") == dataclasses.replace(want, name=""), (got, want)
+    assert got.argument_bytes > 0 and got.output_bytes > 0
+
+
+def test_report_names_an_equinox_transform_after_its_function():
+    (fn, args, _), _ = _callables.CASES["eqx.filter_grad"]
+    assert report(fn, *args).name == "loss"
+
+
+def test_report_traces_the_array_leaves_of_keyword_arguments():
+    def f(x, *, w, how):
+        return getattr(jnp, how)(x @ w).sum()
+
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
+    r = report(f, x, w=w, how="sin")
+    assert r.argument_bytes == (8 * 16 + 16 * 4) * 4, r

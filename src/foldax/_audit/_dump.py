@@ -2,20 +2,23 @@
 
 :func:`_compile_with_dump` compiles a function with ``xla_dump_to`` switched on and returns the
 text of its live ranges, optimized HLO and buffer assignment; the rest parses that text: the HLO
-instructions (:class:`_Instr`), the ``stack_frame_id -> file:line`` tables, the buffers live at the
-peak, each allocation's kind, and how many steps foldax's folds take.
+instructions (:class:`_Instr`), the ``stack_frame_id -> (file:line, ...)`` call chains (and the
+user's line in each: foldax's own frames are skipped), the buffers live at the peak, where each
+is placed and its kind, and how many steps foldax's folds take. The program is lowered as
+:func:`foldax.memory.report` lowers it (:func:`foldax._memory.lower`: any callable).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import glob
 import os
 import re
 import tempfile
 
 import jax
+
+from .._memory import lower
 
 _SHAPE = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<rest>.*)$")
@@ -24,8 +27,13 @@ _LIVE = re.compile(r"^\s*(?P<name>[\w.\-]+)\{(?P<index>[0-9,]*)\}: (?P<bytes>\d+
 #: An ``op_name`` component that is a scope (``jit(f)``, ``transpose(jvp())``), not a primitive.
 _SCOPE = re.compile(r"[^()]*\(.*\)")
 #: The foldax package (this sub-package's parent): frames in it are foldax's own code (its
-#: folds' loops).
+#: folds' loops), never shown: a buffer made there is put on the user's line that called foldax.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: foldax's tools (the command line, the workloads' models) are code of foldax's users.
+_TOOLS = os.path.join(_PACKAGE, "_tools") + os.sep
+#: foldax's measuring code: the frames around it are the audit's caller, not the program's.
+_MEASURING = (os.path.join(_PACKAGE, "_audit") + os.sep, os.path.join(_PACKAGE, "_memory.py:"))
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +112,9 @@ def _call(rest):
     return m.group(1), operands, rest[end + 1 :]
 
 
-def _frames(hlo: str):
-    """``stack_frame_id -> "file:line"`` from the module's FileNames/FileLocations/StackFrames."""
+def _frames(hlo: str) -> dict[int, tuple[str, ...]]:
+    """``stack_frame_id -> ("file:line", ...)``, innermost first, from the module's FileNames,
+    FileLocations and StackFrames (which prints each frame's parent's id plus one: 0 is none)."""
     sections: dict[str, dict[int, str]] = {}
     current = None
     for line in hlo.splitlines():
@@ -125,12 +134,55 @@ def _frames(hlo: str):
         ln = re.search(r"\bline=(\d+)", v)
         if f and ln:
             locs[k] = f"{files.get(int(f.group(1)), '?')}:{ln.group(1)}"
-    out = {}
+    steps = {}
     for k, v in sections.get("StackFrames", {}).items():
-        m = re.search(r"file_location_id=(\d+)", v)
-        if m:
-            out[k] = locs.get(int(m.group(1)), "")
+        loc = re.search(r"file_location_id=(\d+)", v)
+        parent = re.search(r"parent_frame_id=(\d+)", v)
+        if loc:
+            steps[k] = (locs.get(int(loc.group(1)), ""), int(parent.group(1)) - 1 if parent else 0)
+    out = {}
+    for k in steps:
+        chain, frame = [], k
+        while frame in steps and len(chain) < 1000:
+            loc, frame = steps[frame]
+            chain.append(loc)
+        out[k] = tuple(chain)
     return out
+
+
+def _is_engine(location: str) -> bool:
+    """Whether a ``file:line`` is in foldax's own code (not its tools)."""
+    return location.startswith(_PACKAGE) and not location.startswith(_TOOLS)
+
+
+def _relative(location: str) -> str:
+    """A ``file:line`` with its path relative to the working directory, when it is inside it."""
+    path, _, line = location.rpartition(":")
+    if os.path.isabs(path):
+        try:
+            rel = os.path.relpath(path)
+        except ValueError:  # another drive
+            rel = path
+        if not rel.startswith(os.pardir):
+            path = rel
+    return f"{path}:{line}"
+
+
+def _user_line(chain) -> str:
+    """The innermost ``file:line`` of a frame chain that is the user's (not foldax's engine:
+    what foldax made is put on the line that called it), relative to the working directory;
+    ``""`` when there is none before the audit's own call."""
+    for location in chain:
+        if not location or location.startswith(_MEASURING):
+            return ""
+        if not _is_engine(location):
+            return _relative(location)
+    return ""
+
+
+def _unescape(text: str) -> str:
+    """An HLO string attribute's text as it was written (``params[\\'a\\']`` -> ``params['a']``)."""
+    return re.sub(r"\\(.)", r"\1", text)
 
 
 def _instructions(hlo: str):
@@ -147,7 +199,7 @@ def _instructions(hlo: str):
             continue
         shape, rest = _split_shape(m.group("rest"))
         opcode, operands, attrs = _call(rest)
-        op = re.search(r'op_name="([^"]*)"', attrs)
+        op = _OP_NAME.search(attrs)
         frame = re.search(r"stack_frame_id=(\d+)", attrs)
         trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
         loops = re.findall(r"\b(?:condition|body)=%([\w.\-]+)", attrs) if opcode == "while" else []
@@ -155,7 +207,7 @@ def _instructions(hlo: str):
             shape=shape,
             opcode=opcode,
             operands=operands,
-            op_name=op.group(1) if op else "",
+            op_name=_unescape(op.group(1)) if op else "",
             frame=int(frame.group(1)) if frame else None,
             computation=computation,
             root=line.lstrip().startswith("ROOT "),
@@ -204,37 +256,40 @@ def _primitive(op_name: str) -> str:
 
 
 def _line(inst, frames) -> str:
-    """The ``file:line`` that made an instruction, for one a JAX primitive made. One no
+    """The user's ``file:line`` that made an instruction, for one a JAX primitive made. One no
     primitive made (a constant the function closes over, lowered at the function's top level)
     carries the location of the call that traced the function, not a line that made it."""
     if inst is None or inst.frame is None or not _primitive(inst.op_name):
         return ""
-    return frames.get(inst.frame, "")
+    return _user_line(frames.get(inst.frame, ()))
 
 
 def _is_constant(name, instrs, depth=0) -> bool:
-    """Whether an instruction holds a constant: an HLO ``constant`` or ``iota``, or made (with
-    no primitive of the function's) from constants only, e.g. the broadcast of a splat that
-    XLA keeps as a buffer."""
+    """Whether an instruction holds a constant: an HLO ``constant`` or ``iota``, a fusion of
+    constants only (no operands), or made (with no primitive of the function's) from constants
+    only, e.g. the broadcast of a splat that XLA keeps as a buffer."""
     inst = instrs.get(name)
     if inst is None or depth > 32:
         return False
     if inst.opcode in ("constant", "iota"):
         return True
-    if inst.opcode == "parameter" or not inst.operands or _primitive(inst.op_name):
+    if inst.opcode == "parameter" or _primitive(inst.op_name):
         return False
+    if not inst.operands:
+        return inst.opcode == "fusion"
     return all(_is_constant(o, instrs, depth + 1) for o in inst.operands)
 
 
-def _used_at(name, instrs, consumers, frames) -> str:
-    """The ``file:line`` of the first instruction that uses ``name``, looking through XLA's
-    copies, tuples and fusions that have no line of their own."""
+def _nearest_line(name, instrs, neighbours, frames) -> str:
+    """The user's ``file:line`` of the nearest instruction to ``name`` along ``neighbours``
+    (``{name: [names]}``: its consumers, or its operands), looking through XLA's copies, tuples
+    and fusions that have no line of their own."""
     frontier, seen = [name], {name}
     for _ in range(4):
         later = []
         for n in frontier:
-            for c in consumers.get(n, ()):
-                line = _line(instrs[c], frames)
+            for c in neighbours.get(n, ()):
+                line = _line(instrs.get(c), frames)
                 if line:
                     return line
                 if c not in seen:
@@ -242,6 +297,23 @@ def _used_at(name, instrs, consumers, frames) -> str:
                     later.append(c)
         frontier = later
     return ""
+
+
+def _used_at(name, instrs, consumers, frames) -> str:
+    """The ``file:line`` of the first instruction that uses ``name``."""
+    return _nearest_line(name, instrs, consumers, frames)
+
+
+def _xla_source(name, instrs, consumers, frames) -> str:
+    """The source of a buffer XLA made itself (no primitive of the function made it: a stage of
+    a split reduction, a copy): the user's line that uses it, or failing that that made its
+    operands."""
+    used = _nearest_line(name, instrs, consumers, frames)
+    if used:
+        return f"made by XLA (used at {used})"
+    operands = {n: i.operands for n, i in instrs.items()}
+    made = _nearest_line(name, instrs, operands, frames)
+    return f"made by XLA (from {made})" if made else "made by XLA"
 
 
 def _fold_steps(instrs, frames) -> int | None:
@@ -256,7 +328,8 @@ def _fold_steps(instrs, frames) -> int | None:
     loops: dict[str, bool] = {}  # loop (op_name up to its "while") -> foldax code in its body
     trips: dict[str, list] = {}
     for inst in instrs.values():
-        ours = inst.frame is not None and frames.get(inst.frame, "").startswith(_PACKAGE)
+        chain = frames.get(inst.frame, ()) if inst.frame is not None else ()
+        ours = bool(chain) and _is_engine(chain[0])
         for name in inst.op_name.split(";"):
             parts = name.split("/")
             for i in range(len(parts) - 1):
@@ -290,10 +363,11 @@ def _fold_steps(instrs, frames) -> int | None:
 
 
 def _compile_with_dump(fn, args, kwargs, name):
-    target = functools.partial(fn, **kwargs) if kwargs else fn
+    """``(compiled, live ranges, optimized HLO, buffer assignment)`` of ``fn(*args, **kwargs)``,
+    lowered as :func:`foldax.memory.report` lowers it (any callable, array leaves traced)."""
     with tempfile.TemporaryDirectory(prefix="foldax-audit-") as d:
         try:
-            lowered = jax.jit(target).lower(*args)
+            lowered = lower(fn, args, kwargs, name)
             compiled = lowered.compile(compiler_options={"xla_dump_to": d})
         except Exception as e:
             raise RuntimeError(
@@ -319,15 +393,16 @@ def _compile_with_dump(fn, args, kwargs, name):
     return compiled, live, hlo, allocations
 
 
-def _allocation_kinds(text: str) -> dict[tuple[str, tuple[int, ...]], str]:
-    """``(instruction, tuple index) -> kind`` from XLA's buffer assignment: ``"argument"`` (an
-    entry parameter's allocation), ``"output"`` (maybe live out: a loop's state can share the
-    output's buffer), ``"constant"`` or ``"temp"``."""
-    out, kind = {}, "temp"
+def _allocations(text: str) -> dict[tuple[str, tuple[int, ...]], tuple[str, int, int]]:
+    """``(instruction, tuple index) -> (kind, allocation, offset)`` from XLA's buffer
+    assignment. The kind is ``"argument"`` (an entry parameter's allocation), ``"output"``
+    (maybe live out: a loop's state can share the output's buffer), ``"constant"`` or
+    ``"temp"``; two buffers at the same allocation and offset share their memory."""
+    out, kind, number = {}, "temp", -1
     for line in text.splitlines():
-        a = re.match(r"^allocation \d+: size \d+(?P<flags>.*):\s*$", line)
+        a = re.match(r"^allocation (?P<n>\d+): size \d+(?P<flags>.*):\s*$", line)
         if a:
-            flags = a.group("flags")
+            flags, number = a.group("flags"), int(a.group("n"))
             kind = (
                 "argument"
                 if re.search(r", parameter \d+", flags)
@@ -341,5 +416,7 @@ def _allocation_kinds(text: str) -> dict[tuple[str, tuple[int, ...]], str]:
         v = re.match(r"^\s*value: <\d+ (?P<name>[\w.\-]+)(?:\{(?P<index>[0-9,]*)\})?[ >]", line)
         if v:
             index = tuple(int(i) for i in (v.group("index") or "").split(",") if i)
-            out[v.group("name"), index] = kind
+            at = re.search(r"\boffset=(\d+)", line)
+            offset = int(at.group(1)) if at else 0
+            out[v.group("name"), index] = (kind, number, offset)
     return out

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._memory import format_bytes
 from .._table import table
-from ._buffers import Buffer
+from ._buffers import Buffer, legend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,9 @@ class ScalingReport:
             lines.append(
                 table(rows, (f"exponent in {self.name}", "bytes", "shape", "primitive", "source"))
             )
+            explained = legend([r[4] for r in rows])
+            if explained:
+                lines.append(explained)
         if self.note:
             lines.append(f"note: {self.note}")
         return "\n".join(lines)
@@ -150,7 +153,7 @@ def _scaling(make, sizes, name, top, threshold, min_fraction):
         e = _fit(sizes, nb)
         if e > threshold and nb[-1] >= min_fraction * temps[-1]:
             growing.append(Growth(key[0], key[1], tuple(b.shape for b in bs), nb, e))
-    growing.sort(key=lambda g: (-round(g.exponent, 1), -g.nbytes[-1]))
+    growing.sort(key=lambda g: (-round(g.exponent, 1), -g.nbytes[-1], g.primitive, g.source))
     exponent = _fit(sizes, temps)
     steps = tuple(a.fold_steps for a in audits)
     report = ScalingReport(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -272,11 +273,16 @@ def _device_peak(fn, fargs, estimate) -> None:
         )
         return
     try:
-        concrete = [
-            jax.numpy.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a
-            for a in fargs
-        ]
-        jax.block_until_ready(jax.jit(fn)(*concrete))
+        from .._memory import jit_any
+
+        concrete = jax.tree.map(
+            lambda a: (
+                jax.numpy.zeros(a.shape, a.dtype) if isinstance(a, jax.ShapeDtypeStruct) else a
+            ),
+            tuple(fargs),
+        )
+        jitted, dyn_args, dyn_kwargs = jit_any(fn, concrete, {}, "fn")  # any callable, as audited
+        jax.block_until_ready(jitted(*dyn_args, **dyn_kwargs))
     except Exception as e:
         print(f"device {dev}: running fn(*args) failed, no measured peak: {_one_line(e)}")
         return
@@ -321,16 +327,108 @@ def _workload(name: str) -> str:
     return name
 
 
+#: A reST role, ``:func:`foldax.memory.scaling``` or ``:class:`~foldax.memory.Buffer```.
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]*?)\s*(?:<[^>]*>)?`")
+
+
+def _plain(text: str) -> str:
+    """Help text as a terminal shows it: a reST role becomes the name it points to (the last
+    part of a ``~`` one), a ``literal`` its text; docstrings reused as help stay readable."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "")
+
+
+def version_text() -> str:
+    """``foldax --version``: foldax's, jax's and jaxlib's versions, then the backend JAX runs on
+    (or why it could not start one: the versions still help to report it)."""
+    import importlib.metadata
+    import os
+    import platform
+
+    import jax
+
+    import foldax
+
+    try:
+        devices = jax.devices()
+        first, n = devices[0], len(devices)
+        backend = f"backend {first.platform}: {n} device{'s' if n > 1 else ''}"
+        if first.device_kind != first.platform:
+            backend += f" ({first.device_kind})"
+    except Exception as e:  # a broken accelerator install
+        chosen = os.environ.get("JAX_PLATFORMS")
+        backend = f"no backend could start{f' (JAX_PLATFORMS={chosen!r})' if chosen else ''}: "
+        backend += _one_line(e)
+    return (
+        f"foldax {foldax.__version__}\n"
+        f"jax {jax.__version__}, jaxlib {importlib.metadata.version('jaxlib')}, "
+        f"Python {platform.python_version()}; {backend}"
+    )
+
+
+class _Version(argparse.Action):
+    """``--version``: computed when asked (it starts JAX's backend), printed, then exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(0)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a mistake in the command line printed as one line (exit status 2)."""
+    """argparse, with a mistake in the command line printed as one line (exit status 2) and
+    help texts without reST markup."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def format_help(self):
+        return _plain(super().format_help())
+
+
+def _add_bench(sub, fmt) -> None:
+    """``foldax bench`` and its options."""
+    b = sub.add_parser(
+        "bench",
+        help="every headline number, side by side with the installed peers, plots",
+        description="Run every benchmark with the installed peers; write results.json, plots, "
+        "BENCHMARKS.md and a README results block into --out.",
+        formatter_class=fmt,
+    )
+    b.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes on 2 cores")
+    b.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="run only this workload (repeatable): seed, precomputed, graph, s4, gaussian, "
+        "nearest, attention, overhead, sharded",
+    )
+    b.add_argument(
+        "--out",
+        default=BENCH_OUT,
+        help="folder (created if missing) for BENCHMARKS.md and bench/ (results.json, plots); a "
+        "README.md there with the results markers gets its Results block rewritten",
+    )
+    b.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rewrite BENCHMARKS.md and the README block from "
+        "OUT/bench/results.json",
+    )
+    b.set_defaults(func=bench_cmd)
+
 
 def main(argv=None) -> int:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    parser = _Parser(prog="foldax", description=__doc__, formatter_class=fmt)
+    parser = _Parser(prog="foldax", description=_plain(__doc__), formatter_class=fmt)
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        help="print the versions of foldax, jax and jaxlib and the backend JAX runs on, and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "demo",
@@ -373,34 +471,7 @@ def main(argv=None) -> int:
     a.add_argument("--top", type=int, default=10, help="buffers listed at the peak")
     a.add_argument("--plot", help="write memory against size to this PNG (needs matplotlib)")
     a.set_defaults(func=audit_cmd)
-    b = sub.add_parser(
-        "bench",
-        help="every headline number, side by side with the installed peers, plots",
-        description="Run every benchmark with the installed peers; write results.json, plots, "
-        "BENCHMARKS.md and a README results block into --out.",
-        formatter_class=fmt,
-    )
-    b.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes on 2 cores")
-    b.add_argument(
-        "--only",
-        action="append",
-        metavar="NAME",
-        help="run only this workload (repeatable): seed, precomputed, s4, gaussian, nearest, "
-        "attention, sharded",
-    )
-    b.add_argument(
-        "--out",
-        default=BENCH_OUT,
-        help="folder (created if missing) for BENCHMARKS.md and bench/ (results.json, plots); a "
-        "README.md there with the results markers gets its Results block rewritten",
-    )
-    b.add_argument(
-        "--render",
-        action="store_true",
-        help="measure nothing: rewrite BENCHMARKS.md and the README block from "
-        "OUT/bench/results.json",
-    )
-    b.set_defaults(func=bench_cmd)
+    _add_bench(sub, fmt)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
