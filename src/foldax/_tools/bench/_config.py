@@ -19,6 +19,7 @@ WORKLOADS = (
     "gaussian",
     "nearest",
     "attention",
+    "packed",
     "overhead",
     "sharded",
 )
@@ -42,6 +43,7 @@ class Config:
     sharded: tuple  # (repeat, shrink)
     overhead_pairs: int = 4000  # M = N of the pairwise call whose overhead is measured
     graph: tuple = (1_000_000, 100_000)  # (edges, nodes)
+    packed: tuple = (8192, 16384)  # sequence lengths of packed attention
 
 
 FULL = Config(
@@ -59,6 +61,7 @@ QUICK = Config(
     (1, 10),
     2000,
     (100_000, 10_000),
+    (512, 1024),
 )
 
 

@@ -34,6 +34,7 @@ from ._measure import (
     bench_sharded,
 )
 from ._overhead import _COMPILE_ONLY, _OVERHEAD_CALLS, bench_overhead
+from ._packed import bench_packed
 from ._plots import plots
 from ._progress import Progress
 from ._render import TITLES, render_markdown, render_readme_block, terminal_table
@@ -50,6 +51,7 @@ def _steps(cfg: Config, only) -> int:
         "gaussian": 6,
         "nearest": 6,
         "attention": 6,
+        "packed": 2 * len(cfg.packed),
         "overhead": len(_OVERHEAD_CALLS) * 3 + len(_COMPILE_ONLY),
         "sharded": 1,
     }
@@ -64,6 +66,7 @@ BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
     "gaussian": bench_gaussian,
     "nearest": bench_nearest,
     "attention": bench_attention,
+    "packed": bench_packed,
     "overhead": bench_overhead,
     "sharded": bench_sharded,
 }
