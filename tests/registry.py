@@ -137,7 +137,7 @@ SEGMENT: dict[str, SegmentReduction] = {
     for e in (
         _entry("sum", lambda s, r, d: s.sum(0), lambda s, r, d: jnp.sum(s, 0), _const(0),
                int_ok=True),
-        _entry("mean", lambda s, r, d: s.mean(0), lambda s, r, d: jnp.mean(s, 0), _const(np.nan)),
+        _entry("mean", lambda s, r, d: s.mean(0), lambda s, r, d: jnp.mean(s, 0), _const(0)),
         _entry("max", lambda s, r, d: s.max(0), lambda s, r, d: jnp.max(s, 0), _lowest,
                int_ok=True),
         _entry("min", lambda s, r, d: s.min(0), lambda s, r, d: jnp.min(s, 0), _highest,

@@ -13,11 +13,15 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 EXPECT = {
     "audit_s4.py": (None, ("fitted exponent",)),
     "audit_segment.py": (None, ("fitted exponent",)),
+    "equinox_gp.py": ("equinox", ("agreement check: passed", "models (filter_vmap)")),
     "flax_s4.py": ("flax", ("foldax.cauchy (defaults)",)),
+    "graph_attention.py": (None, ("agreement check: passed", "gradient (XLA temp memory")),
+    "packed_attention.py": (None, ("agreement check: passed", "jax.nn (L x L mask)")),
     "numpyro_events.py": ("numpyro", ("posterior mean", "foldax.segment_logmeanexp", "padded")),
     "s4_layer.py": (None, ("kernel max abs difference",)),
     "seed_vmap_memory.py": (None, ("B = 1000", "memory_budget")),
     "sharded_seed.py": (None, ("devices, N =", "all-gather in the program: False")),
+    "sinkhorn.py": (None, ("agreement check: passed", "one Sinkhorn iteration")),
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from .. import _checks, _eager, _shard
-from .._reductions import LOGSUMEXP, MAX, MIN
+from .._reductions import LOGSUMEXP, MAX, MEAN, MIN
 from . import _fold
 from ._partition import _Empty, _Ids, _is_numpy, _mode, _partition
 
@@ -21,15 +21,20 @@ if TYPE_CHECKING:
     pass
 
 
-def _num_rows(name, data) -> int:
+def _num_rows(name, data, fn) -> int:
     leaves = jax.tree.leaves(data)
     if not leaves:
         raise TypeError(f"{name}: data is an empty pytree; pass an array or a pytree of arrays.")
     shapes = [jnp.shape(x) for x in leaves]
     if any(len(s) == 0 for s in shapes):
+        fix = (
+            "close over it in fn instead"
+            if fn is not None
+            else "a scalar is broadcast over segment_ids or static sizes / offsets (as jax.ops "
+            "does), so describe the partition with exactly one of them"
+        )
         raise ValueError(
-            f"{name}: data must have a leading axis to reduce over, got a scalar; "
-            f"reshape it to (N, ...)."
+            f"{name}: data must have a leading axis N of rows to reduce over, got a scalar; {fix}."
         )
     n = shapes[0][0]
     if any(s[0] != n for s in shapes):
@@ -37,6 +42,55 @@ def _num_rows(name, data) -> int:
             f"{name}: every leaf of data must have the same leading size N, got {[s[0] for s in shapes]}."
         )
     return _checks.concrete_rows(name, "the leading axis of data", n)
+
+
+def _broadcast_rows(name, data, segment_ids, sizes, offsets, axes):
+    """Plain ``data`` broadcast over the rows, as ``jax.ops`` broadcasts it over the ids: a
+    scalar becomes ``(N,)``, a leading axis of 1 becomes ``N`` (``F = data.shape[1:]`` stays).
+    ``N`` is the length of ``segment_ids``, or the rows that static ``sizes`` / ``offsets``
+    describe (this device's rows inside ``shard_map``: ids only). Any other leading size than
+    ``N`` or 1 is an error, as in ``jax.ops``."""
+    n = _rows_described(segment_ids, sizes, offsets, axes)
+    shape = jnp.shape(data)
+    by = "segment_ids" if segment_ids is not None else "sizes" if sizes is not None else "offsets"
+    given = any(v is not None for v in (segment_ids, sizes, offsets))
+    if n is None and not shape and given:  # (no partition at all: the partition's check explains)
+        if segment_ids is not None:
+            raise ValueError(
+                f"{name}: segment_ids must have shape (N,), got {np.shape(segment_ids)}."
+            )
+        raise ValueError(
+            f"{name}: data is a scalar, but {by} does not give the number of rows N at trace "
+            f"time (traced, or inside shard_map); pass data of shape (N, ...)."
+        )
+    if n is None or (shape and shape[0] == n):
+        return data
+    if shape and shape[0] != 1:
+        raise ValueError(
+            f"{name}: data has leading size {shape[0]} but {by} describes {n} rows; pass data "
+            f"of shape ({n}, ...), or a scalar or a leading size of 1 to broadcast (as jax.ops "
+            f"does)."
+        )
+    return jnp.broadcast_to(data, (n, *shape[1:]))
+
+
+def _rows_described(segment_ids, sizes, offsets, axes):
+    """The rows the partition labels when known at trace time (else ``None``): the length of
+    one-dimensional ``segment_ids``, the sum of static ``sizes``, the last of static ``offsets``
+    (never inside ``shard_map``, where those describe every device's rows)."""
+    if segment_ids is not None:
+        shape = np.shape(segment_ids)
+        return shape[0] if len(shape) == 1 else None
+    x = sizes if sizes is not None else offsets
+    if x is None or axes or isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        x = np.asarray(x)
+    except (TypeError, ValueError):
+        return None
+    if x.ndim != 1 or not x.size or not np.issubdtype(x.dtype, np.integer):
+        return None  # the partition's checks explain
+    return int(x.sum()) if sizes is not None else int(x[-1])
 
 
 def _chunk(name, chunk_size):
@@ -96,21 +150,20 @@ def _segment(
     fn=None,
     chunk_size=None,
     axis_name=None,
+    empty=None,
 ):
     """The one engine behind every ``segment_*``: validate, then fold (``op``: a monoid) or
-    normalize (``op``: ``"softmax"`` / ``"log_softmax"``), on one device or on a mesh."""
+    normalize (``op``: ``"softmax"`` / ``"log_softmax"``), on one device or on a mesh.
+
+    ``empty`` (``segment_mean``'s, whose second output is the count): the result of a segment
+    with no rows, in place of the monoid's own (``0 / 0``)."""
     normal = isinstance(op, str)
     monoid = LOGSUMEXP if normal else op
     clip = _mode(name, mode, unique_indices, bucket_size)
-    if fn is None and not hasattr(data, "shape"):
-        if isinstance(data, list | tuple) and any(np.ndim(a) > 0 for a in data):
-            raise TypeError(
-                f"{name}: data is a {type(data).__name__} of arrays; pass fn= to map a chunk of "
-                f"rows to one array of values, or stack them first (jnp.stack)."
-            )
-        data = jnp.asarray(data) if isinstance(data, list | tuple | float | int) else data
     axes = _shard.axis_tuple(name, axis_name)
-    n = n_rows = _num_rows(name, data)  # this device's rows inside shard_map, else all rows
+    if fn is None:
+        data = _plain_data(name, data, segment_ids, sizes, offsets, axes)
+    n = n_rows = _num_rows(name, data, fn)  # this device's rows inside shard_map, else all rows
     aval = _value_aval(name, data, fn, n)
     if aval.dtype == jnp.bool_ and op in (MAX, MIN):  # as jax.ops: any / all, a bool result
         f = (lambda r: r) if fn is None else fn
@@ -121,17 +174,9 @@ def _segment(
         )  # fmt: skip
         return out.astype(jnp.bool_)
     monoid.check_dtype(name, "fn(data)" if fn is not None else "data", aval.dtype)
-    mesh = None
-    devices = _shard.device_count(axes)
-    if not axes:
-        ids = [segment_ids] if segment_ids is not None and not _is_numpy(segment_ids) else []
-        leaves = jax.tree.leaves(data) + ids
-        found = _shard.row_axes(leaves, n)
-        if found is not None:
-            mesh, axes = found
-            devices = math.prod(mesh.shape[a] for a in axes)
-        else:  # replicated on a mesh: run there (unsplit) rather than mix mesh types
-            mesh = _shard.on_explicit_mesh(leaves)
+    if op is MEAN:
+        empty = _empty_value(name, empty, aval.dtype)
+    mesh, axes, devices = _placement(data, segment_ids, axes, n)
     n_global = n * devices if mesh is None else n
     part = _partition(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows, clip
@@ -143,11 +188,7 @@ def _segment(
         part = getattr(part, "by_ids", lambda: None)() or part
 
     if isinstance(part, _Empty):
-        if normal:
-            return jnp.full(aval.shape, np.nan, aval.dtype)
-        state = monoid.init(part.num_segments, aval.shape[1:], aval.dtype)
-        out = monoid.finalize(state)
-        return out.astype(aval.dtype) if jnp.issubdtype(out.dtype, jnp.floating) else out
+        return _no_rows(monoid, normal, aval, part.num_segments, empty)
 
     n_local = n_global // devices
 
@@ -155,11 +196,62 @@ def _segment(
         plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
-        return _fold.fold(name, monoid, fn, data, plan, arrays, axes)
+        if empty is None:
+            return _fold.fold(name, monoid, fn, data, plan, arrays, axes)
+        out, count, *_ = _fold.fold(name, monoid, fn, data, plan, arrays, axes, all_outputs=True)
+        return _fill_empty(out, count, empty)
 
     if mesh is None:
         return local(data, part.arrays(), fn)
     return _on_mesh(mesh, axes, local, data, part, fn, normal)
+
+
+def _plain_data(name, data, segment_ids, sizes, offsets, axes):
+    """Plain ``data`` (no ``fn``) as an array broadcast over the rows (:func:`_broadcast_rows`);
+    a Python scalar or list becomes a JAX array, as ``jax.ops`` takes it."""
+    if not hasattr(data, "shape"):
+        if isinstance(data, list | tuple) and any(np.ndim(a) > 0 for a in data):
+            raise TypeError(
+                f"{name}: data is a {type(data).__name__} of arrays; pass fn= to map a chunk of "
+                f"rows to one array of values, or stack them first (jnp.stack)."
+            )
+        if not isinstance(data, list | tuple | float | int | complex):
+            return data  # a pytree: the value checks explain
+        data = jnp.asarray(data)
+    return _broadcast_rows(name, data, segment_ids, sizes, offsets, axes)
+
+
+def _placement(data, segment_ids, axes, n):
+    """``(mesh, axes, devices)``: where the fold runs. Inside ``shard_map`` (``axes`` given) no
+    mesh of its own; else the mesh and axes that split the rows of ``data`` / ``segment_ids``
+    (from their types), or the explicit mesh they are replicated on, or none."""
+    if axes:
+        return None, axes, _shard.device_count(axes)
+    ids = [segment_ids] if segment_ids is not None and not _is_numpy(segment_ids) else []
+    leaves = jax.tree.leaves(data) + ids
+    found = _shard.row_axes(leaves, n)
+    if found is not None:
+        mesh, axes = found
+        return mesh, axes, math.prod(mesh.shape[a] for a in axes)
+    # replicated on a mesh: run there (unsplit) rather than mix mesh types
+    return _shard.on_explicit_mesh(leaves), axes, _shard.device_count(axes)
+
+
+def _no_rows(monoid, normal, aval, num_segments, empty):
+    """The result when there are no rows or no segments: every segment is empty."""
+    if normal:
+        return jnp.full(aval.shape, np.nan, aval.dtype)
+    if empty is not None:
+        return jnp.full((num_segments, *aval.shape[1:]), empty, aval.dtype)
+    out = monoid.finalize(monoid.init(num_segments, aval.shape[1:], aval.dtype))
+    return out.astype(aval.dtype) if jnp.issubdtype(out.dtype, jnp.floating) else out
+
+
+def _fill_empty(out, count, empty):
+    """``out`` ``(S, *F)`` with ``empty`` where the per-segment ``count`` ``(S,)`` is 0. The
+    cotangent of those segments is dropped here, so none reaches (or poisons) the fold."""
+    none = (count == 0).reshape(count.shape + (1,) * (out.ndim - count.ndim))
+    return jnp.where(none, jnp.asarray(empty, out.dtype), out)
 
 
 def _on_mesh(mesh, axes, local, data, part, fn, per_row):
@@ -224,3 +316,18 @@ def _ddof(name, ddof):
     if not ddof >= 0:
         raise ValueError(f"{name}: ddof must be >= 0, got {ddof}.")
     return float(ddof) if not float(ddof).is_integer() else int(ddof)
+
+
+def _empty_value(name, empty, dtype):
+    """A valid static ``empty`` (a real number; complex for complex values)."""
+    kinds = int | float | complex | np.integer | np.floating | np.complexfloating
+    if isinstance(empty, bool | np.bool_) or not isinstance(empty, kinds):
+        raise TypeError(
+            f"{name}: empty (the result of a segment with no rows) must be a static Python "
+            f"number such as 0.0 or float('nan'), got {type(empty).__name__}."
+        )
+    if np.iscomplexobj(empty) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        raise TypeError(
+            f"{name}: empty={empty!r} is complex but the values are {dtype}; pass a real number."
+        )
+    return empty

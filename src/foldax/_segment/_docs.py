@@ -4,7 +4,9 @@ derivatives save, filled into each docstring where it says ``{partition}`` / ``{
 _PARTITION_DOC = """
     Args:
       data: array ``(N, ...)``, or a pytree of arrays sharing the leading axis ``N`` when ``fn``
-        is given. Reduced over its leading axis.
+        is given. Reduced over its leading axis. Without ``fn``, a scalar or a leading axis of
+        1 is broadcast over the ``N`` rows that ``segment_ids`` (or static ``sizes`` /
+        ``offsets``) label, as ``jax.ops`` broadcasts it: ``(1, *F)`` -> ``(N, *F)``.
       segment_ids: int array ``(N,)`` of any integer dtype (signed or unsigned): the segment of
         every row. Ids outside ``[0, num_segments)`` are dropped, as in ``jax.ops`` (compared
         exactly, whatever their dtype: ``jax.ops`` converts them to int32 first). Sorted ids

@@ -68,6 +68,7 @@ def segment_mean(
     bucket_size: int | None = None,
     mode: str | jax.lax.GatherScatterMode | None = None,
     *,
+    empty: float | complex = 0.0,
     sizes: Any = None,
     offsets: Any = None,
     fn: Callable | None = None,
@@ -84,7 +85,10 @@ def segment_mean(
       ``(num_segments, *F)`` where ``F`` is the trailing shape of the values.
 
     Numerics:
-      an empty segment gives NaN (0/0). NaN propagates to its segment only. Real or complex values.
+      an empty segment (a node with no incoming edge) gives ``empty`` (keyword, a static
+      number; default 0, as in jraph, PyTorch Geometric and TensorFlow; ``empty=float("nan")``
+      for ``0 / 0``), with a zero gradient: nothing reaches the other segments. NaN propagates
+      to its segment only. Real or complex values.
 
     Memory: {memory}
 
@@ -92,6 +96,8 @@ def segment_mean(
       >>> import jax.numpy as jnp, foldax
       >>> x = jnp.array([1.0, 2.0, 3.0, 4.0, 5.0])
       >>> foldax.segment_mean(x, sizes=[2, 0, 3])
+      Array([1.5, 0. , 4. ], dtype=float32)
+      >>> foldax.segment_mean(x, sizes=[2, 0, 3], empty=float("nan"))
       Array([1.5, nan, 4. ], dtype=float32)
     """
     return _segment("foldax.segment_mean", MEAN, **locals())
