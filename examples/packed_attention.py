@@ -13,9 +13,11 @@ with respect to the layer's weights.
     python examples/packed_attention.py          # B = 2, L = 4,096, 16 documents a row
     python examples/packed_attention.py --smoke  # B = 2, L = 256, a few seconds
 
-Measured on a 2-core CPU machine (``python examples/packed_attention.py``): forward 0.42 s
-against 9.0 s, gradient 1.4 s against 41 s, at 1.2 MB against 1.1 GB of forward temp
-(see the docs' attention section for the command's full output).
+Measured on a shared 2-core CPU machine (``python examples/packed_attention.py``, B = 2,
+L = 4,096, the layer's forward and the gradient of its loss with respect to its weights):
+
+    forward   foldax 63.5 MB temp,  0.71 s   jax.nn 3.2 GB temp,  5.9 s
+    gradient  foldax 149 MB temp,   3.4 s    jax.nn 4.4 GB temp, 11.0 s
 """
 
 from __future__ import annotations
