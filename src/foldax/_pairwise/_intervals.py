@@ -76,12 +76,13 @@ def _compare(op, a, b):
 def _int_div(a, b):
     """``lax.div`` rounds toward zero: monotone in each argument while ``b`` keeps its sign, so
     the extremes are at the corners (unbounded where ``b`` may be 0)."""
-    r = _corners(lax_div, a, b)
+    r = _corners(_div, a, b)
     whole, nonzero = _full(a.lo), (b.lo > 0) | (b.hi < 0)
     return Range(jnp.where(nonzero, r.lo, whole.lo), jnp.where(nonzero, r.hi, whole.hi))
 
 
-def lax_div(x, y):
+def _div(x, y):
+    """``lax.div`` with a divisor of 0 replaced by 1 (the caller widens that case)."""
     return jax.lax.div(x, jnp.where(y == 0, jnp.ones_like(y), y))
 
 
@@ -98,7 +99,7 @@ def _rem(a, b):
     where one block of ``b`` holds it, else ``[0, b - 1]`` (or its mirror)."""
     b_pos = b.lo > 0
     top = b.hi - 1
-    same_block = (a.lo >= 0) & (lax_div(a.lo, b.hi) == lax_div(a.hi, b.hi)) & (b.lo == b.hi)
+    same_block = (a.lo >= 0) & (_div(a.lo, b.hi) == _div(a.hi, b.hi)) & (b.lo == b.hi)
     lo = jnp.where(
         same_block, jax.lax.rem(a.lo, jnp.maximum(b.hi, 1)), jnp.where(a.lo >= 0, 0, -top)
     )
@@ -110,7 +111,32 @@ def _rem(a, b):
 
 
 def _arith(name, args, params):
-    """The range of one numeric primitive (``UNKNOWN`` where it has no rule here)."""
+    """The range of one numeric primitive (``UNKNOWN`` where it has no rule here), widened to
+    every value of its dtype wherever the bounds themselves are not exact: an integer bound
+    that overflowed, a float bound that is NaN (``inf - inf``). A wrapped bound could otherwise
+    rule out a block that holds kept pairs."""
+    out = _arith_bounds(name, args, params)
+    if out is UNKNOWN or name in _NO_OVERFLOW:
+        return out
+    lo, hi = out.lo, out.hi
+    if jnp.issubdtype(lo.dtype, jnp.integer):
+        as_float = [Range(a.lo.astype(jnp.float32), a.hi.astype(jnp.float32)) for a in args]
+        approx = _arith_bounds(name, as_float, params)
+        info = jnp.iinfo(lo.dtype)
+        limit = 0.99 * min(-float(info.min), float(info.max))
+        wrapped = (jnp.abs(approx.lo) > limit) | (jnp.abs(approx.hi) > limit) | (lo > hi)
+    else:
+        wrapped = jnp.isnan(lo) | jnp.isnan(hi) | (lo > hi)
+    whole = _full(lo)
+    return Range(jnp.where(wrapped, whole.lo, lo), jnp.where(wrapped, whole.hi, hi))
+
+
+#: primitives whose bounds never leave the range of their operands or of the dtype
+_NO_OVERFLOW = {"max", "min", "convert_element_type", "floor", "ceil", "round", "sign", "rem"}
+
+
+def _arith_bounds(name, args, params):
+    """The bounds of one numeric primitive, computed in the operands' dtype."""
     a = args[0]
     b = args[1] if len(args) > 1 else None
     if name == "add":
