@@ -361,3 +361,20 @@ def test_packed_attention_memory_grows_like_length_not_its_square(rng):
     for s, lg, what in zip(small, large, ("forward", "gradient"), strict=True):
         assert lg <= 4.5 * max(s, 1), f"{what}: {s} -> {lg} bytes"
         assert lg < 4096 * 4096 * 4 / 8, f"{what}: {lg} bytes, near an L x L buffer"
+
+
+def test_under_export_checkpoint_jacfwd_and_nested_vmap(rng):
+    q = jnp.asarray(rng.standard_normal((2, 24, 2, 4)), F32)
+    ids = _docs(rng, 24, 3, batch=2)
+    f = lambda q, ids: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=ids)  # noqa: E731
+    want = f(q, ids)
+    exported = jax.export.export(jax.jit(f))(q, ids)
+    np.testing.assert_array_equal(exported.call(q, ids), want)
+    g = jax.grad(jax.checkpoint(lambda q: (f(q, ids) ** 2).sum()))(q)
+    assert_allclose(g, jax.grad(lambda q: (f(q, ids) ** 2).sum())(q), dtype=F32)
+    jac = jax.jacfwd(lambda q: f(q, ids)[0, 3, 1])(q)
+    rev = jax.jacrev(lambda q: f(q, ids)[0, 3, 1])(q)
+    assert_allclose(jac, rev, dtype=F32, scale=3)
+    nested = jax.vmap(jax.vmap(f))(jnp.stack([q, -q]), jnp.stack([ids, ids[::-1]]))
+    assert_allclose(nested[0], want, dtype=F32)
+    assert_allclose(nested[1, 1], f(-q, ids[::-1])[1], dtype=F32)
