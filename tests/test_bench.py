@@ -85,6 +85,34 @@ def test_repository_figures_match_their_json():
         assert (ROOT / _bench.PLOT_DIR / plot).exists(), plot
 
 
+def test_merge_replaces_only_the_workloads_run(quick_run, tmp_path):
+    """``--only NAME --merge`` measures NAME again into an existing results.json, keeps every
+    other workload's figures, and the text says which run measured what."""
+    out, _ = quick_run
+    before = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
+    merged_dir = tmp_path / "merged"
+    (merged_dir / _bench.PLOT_DIR).mkdir(parents=True)
+    (merged_dir / _bench.PLOT_DIR / "results.json").write_text(json.dumps(before))
+    cmd = [sys.executable, "-m", "foldax", "bench", "--quick", "--only", "packed", "--merge"]
+    proc = subprocess.run(
+        [*cmd, "--out", str(merged_dir)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = json.loads((merged_dir / _bench.PLOT_DIR / "results.json").read_text())
+    assert set(after["workloads"]) == set(before["workloads"])
+    for name in set(before["workloads"]) - {"packed"}:
+        assert after["workloads"][name] == before["workloads"][name], name
+    assert after["workloads"]["packed"] != before["workloads"]["packed"]
+    assert after["merged"][-1]["workloads"] == ["packed"]
+    text = (merged_dir / "BENCHMARKS.md").read_text()
+    assert "packed by `foldax bench --quick --only packed --merge`" in text
+    full = subprocess.run(
+        [sys.executable, "-m", "foldax", "bench", "--only", "packed", "--merge", "--out",
+         str(merged_dir)], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert full.returncode != 0 and "holds a quick run" in full.stderr
+
+
 def test_unknown_workload_is_a_clear_error():
     proc = subprocess.run(
         [sys.executable, "-m", "foldax", "bench", "--only", "nope"],

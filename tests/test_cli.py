@@ -163,8 +163,10 @@ def test_bench_writes_only_where_told(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(_bench, "run", lambda **kw: calls.append(kw))
     monkeypatch.chdir(tmp_path)
     assert _cli.main(["bench", "--quick"]) == 0
-    assert calls == [{"quick": True, "only": None, "out": _cli.BENCH_OUT}]
+    assert calls == [{"quick": True, "only": None, "out": _cli.BENCH_OUT, "merge": False}]
     assert (tmp_path / _cli.BENCH_OUT).is_dir() and _cli.BENCH_OUT not in (".", "")
+    assert _cli.main(["bench", "--merge"]) == 2
+    assert "--merge needs --only NAME" in capsys.readouterr().err
     assert _cli.main(["bench", "--render", "--out", str(tmp_path / "none")]) == 2
     assert "does not exist: run foldax bench --out" in capsys.readouterr().err
     (tmp_path / "file").write_text("")

@@ -404,13 +404,19 @@ def _add_bench(sub, fmt) -> None:
         action="append",
         metavar="NAME",
         help="run only this workload (repeatable): seed, precomputed, graph, s4, gaussian, "
-        "nearest, attention, overhead, sharded",
+        "nearest, attention, packed, overhead, sharded",
     )
     b.add_argument(
         "--out",
         default=BENCH_OUT,
         help="folder (created if missing) for BENCHMARKS.md and bench/ (results.json, plots); a "
         "README.md there with the results markers gets its Results block rewritten",
+    )
+    b.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: put the workloads run into OUT/bench/results.json in place of "
+        "theirs, keeping every other workload's figures",
     )
     b.add_argument(
         "--render",
@@ -503,7 +509,9 @@ def bench_cmd(args) -> int:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise UsageError(f"--out {args.out!r} is a file; give a folder")
         os.makedirs(args.out, exist_ok=True)
-        _bench.run(quick=args.quick, only=args.only, out=args.out)
+        if args.merge and not args.only:
+            raise UsageError("--merge needs --only NAME: the workloads to measure again")
+        _bench.run(quick=args.quick, only=args.only, out=args.out, merge=args.merge)
     return 0
 
 

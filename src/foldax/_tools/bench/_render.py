@@ -347,16 +347,25 @@ def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def _merged_note(results: dict) -> str:
+    """Which workloads a later run measured (``foldax bench --only ... --merge``), if any."""
+    return "".join(
+        f"; {', '.join(r['workloads'])} by `{r['command']}` on {r['date']}"
+        for r in results.get("merged", [])
+    )
+
+
 def render_markdown(results: dict) -> str:
     lines = [
         "# Benchmarks",
         "",
-        f"Produced by `{results['command']}` on {results['date']}, from `{PLOT_DIR}/results.json`.",
+        f"Produced by `{results['command']}` on {results['date']}, from `{PLOT_DIR}/results.json`"
+        f"{_merged_note(results)}.",
         f"Machine: {machine_line(results['machine'])}.",
         "",
         "Memory is XLA's compiled temp-buffer figure (`foldax.memory.report`; deterministic). Times "
-        f"are medians of {results['repeats']} runs after a warm-up, all in this one run; every "
-        "ratio compares numbers from the same run. Time ratios are time relative to the baseline "
+        f"are medians of {results['repeats']} runs after a warm-up, each workload's in one run; "
+        "every ratio compares numbers from the same run. Time ratios are time relative to the baseline "
         "named in each table (this way's median time / the baseline's): below 1 means faster than "
         "the baseline. Errors are max relative errors against float64 (complex128 for S4).",
         "",
@@ -378,7 +387,8 @@ def render_markdown(results: dict) -> str:
 def render_readme_block(results: dict) -> str:
     lines = [
         README_START,
-        f"Measured by `{results['command']}` on {results['date']} ({machine_line(results['machine'])}); "
+        f"Measured by `{results['command']}` on {results['date']}{_merged_note(results)} "
+        f"({machine_line(results['machine'])}); "
         "every figure, with errors against float64, in [BENCHMARKS.md](BENCHMARKS.md).",
         "",
         "| foldax vs | XLA temp memory | time relative to the other (< 1: foldax is faster) |",

@@ -72,9 +72,17 @@ BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
 }
 
 
-def run(quick: bool = False, only=None, out: str = ".", command: str | None = None) -> dict:
+def run(
+    quick: bool = False,
+    only=None,
+    out: str = ".",
+    command: str | None = None,
+    merge: bool = False,
+) -> dict:
     """Run the benchmarks, write ``results.json``, plots, ``BENCHMARKS.md`` (and the README's
-    results block if ``out/README.md`` has the markers). Returns the results."""
+    results block if ``out/README.md`` has the markers). With ``merge``, the workloads run
+    replace theirs in the existing ``out/bench/results.json`` and the others are kept (each
+    workload's figures still come from one run). Returns the results."""
     cfg = QUICK if quick else FULL
     names = list(WORKLOADS) if not only else list(only)
     for n in names:
@@ -84,7 +92,8 @@ def run(quick: bool = False, only=None, out: str = ".", command: str | None = No
             )
     command = command or "foldax bench" + (" --quick" if quick else "") + "".join(
         f" --only {n}" for n in (only or [])
-    )
+    ) + (" --merge" if merge else "")
+    previous = _previous(out, quick) if merge else None
     skipped = [{"peer": p, "extra": PEERS[p][1]} for p in PEERS if not available(p)]
     for s in skipped:
         print(
@@ -105,8 +114,37 @@ def run(quick: bool = False, only=None, out: str = ".", command: str | None = No
     for name in names:
         results["workloads"][name] = BENCHES[name](cfg, prog)
         print(f"\n{TITLES[name]}\n{terminal_table(results, name)}\n", flush=True)
+    if previous is not None:
+        results = _merged(previous, results, names)
     write(results, out)
     return results
+
+
+def _previous(out: str, quick: bool) -> dict:
+    """The results a ``merge`` run adds to (checked before anything is measured)."""
+    path = os.path.join(out, PLOT_DIR, "results.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"foldax bench: --merge adds to {path}, which does not exist; run "
+                         f"foldax bench --out {out} first")  # fmt: skip
+    with open(path) as f:
+        previous = json.load(f)
+    if previous["quick"] != quick:
+        kind = "quick" if previous["quick"] else "full"
+        raise SystemExit(f"foldax bench: {path} holds a {kind} run; merge a run of the same "
+                         f"sizes ({'with' if previous['quick'] else 'without'} --quick)")  # fmt: skip
+    return previous
+
+
+def _merged(previous: dict, results: dict, names) -> dict:
+    """``previous`` with the workloads ``names`` of ``results`` in place of its own, and a
+    record of the run that measured them."""
+    merged = dict(previous)
+    merged["workloads"] = {**previous["workloads"], **results["workloads"]}
+    runs = [r for r in previous.get("merged", []) if not set(r["workloads"]) <= set(names)]
+    runs.append({"command": results["command"], "date": results["date"], "workloads": names})
+    merged["merged"] = runs
+    merged["skipped"] = results["skipped"]
+    return merged
 
 
 def write(results: dict, out: str) -> None:
