@@ -11,11 +11,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from turns import docs
 
 import foldax
 from foldax._engine import _loop
 from foldax._pairwise._masks import check_masking
+from foldax._tools.bench._packed import documents
 
 
 def planned_blocks(q, ids):
@@ -29,10 +29,26 @@ def planned_blocks(q, ids):
 
     _loop._live_blocks = spy
     try:
-        jax.jit(lambda q, s: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=s)).lower(q, ids)
+        jax.jit(
+            lambda q, s: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=s)
+        ).lower(q, ids)
     finally:
         _loop._live_blocks = original
     return seen[0]
+
+
+def _listing(L, bi, bj):
+    """The engine's block test over every pair of blocks: ``(steps_i, steps_j)`` booleans."""
+    steps_i, steps_j = -(-L // bi), -(-L // bj)
+
+    def listing(ids):
+        masking = check_masking("listing", lambda i, j: j <= i, ids, L, L, False)
+        live = masking.block_live(0)
+        j0 = jnp.minimum(jnp.arange(steps_j, dtype=jnp.int32) * bj, L - bj)
+        i0 = jnp.minimum(jnp.arange(steps_i, dtype=jnp.int32) * bi, L - bi)
+        return jax.lax.map(lambda i: live(masking.consts, i, j0, bi, bj), i0)
+
+    return listing
 
 
 def median(f, *args, repeats=7):
@@ -48,18 +64,15 @@ def median(f, *args, repeats=7):
 def main(lengths):
     for L in lengths:
         q = jnp.asarray(np.random.default_rng(0).standard_normal((1, L, 1, 64), dtype=np.float32))
-        ids = docs(L, 16)[None]
+        ids = jnp.asarray(documents(L))[None]
         bi, bj = planned_blocks(q, ids)
         steps_i, steps_j = -(-L // bi), -(-L // bj)
 
-        def listing(ids):
-            masking = check_masking("listing", lambda i, j: j <= i, ids, L, L, False)
-            live = masking.block_live(0)
-            j0 = jnp.minimum(jnp.arange(steps_j, dtype=jnp.int32) * bj, L - bj)
-            i0 = jnp.minimum(jnp.arange(steps_i, dtype=jnp.int32) * bi, L - bi)
-            return jax.lax.map(lambda i: live(masking.consts, i, j0, bi, bj), i0)
+        listing = _listing(L, bi, bj)
 
-        fwd = jax.jit(lambda q, s: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=s))
+        fwd = jax.jit(
+            lambda q, s: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=s)
+        )
         t_list = median(jax.jit(listing), ids[0])
         t_fwd = median(fwd, q, ids)
         n_live = int(jax.jit(listing)(ids[0]).sum())

@@ -202,26 +202,30 @@ def _precomputed_headlines(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def _per_case_headlines(results: dict, workload: str, claim) -> list[tuple[str, str, str]]:
+    """foldax against the workload's baseline in every case and pass; ``claim(row)`` names it."""
+    out = []
+    for f in results["workloads"].get(workload, []):
+        b = _pick(results, workload, BASELINE[workload], f["pass"], f["case"])
+        if f["impl"] == "foldax" and b:
+            out.append((f"{claim(f)}: foldax vs {b['impl']}", _vs_bytes(f, b), _ratio(f, b)))
+    return out
+
+
 def _graph_headlines(results: dict) -> list[tuple[str, str, str]]:
     """A graph network's message reductions, per case and pass: foldax vs the jax.ops way."""
-    out = []
-    for f in results["workloads"].get("graph", []):
-        b = _pick(results, "graph", BASELINE["graph"], f["pass"], f["case"])
-        if f["impl"] == "foldax" and b:
-            claim = f"graph, {f['edges']:,} edges -> {f['nodes']:,} nodes, {f['case']}, {f['pass']}"
-            out.append((f"{claim}: foldax vs {b['impl']}", _vs_bytes(f, b), _ratio(f, b)))
-    return out
+    return _per_case_headlines(
+        results,
+        "graph",
+        lambda f: f"graph, {f['edges']:,} edges -> {f['nodes']:,} nodes, {f['case']}, {f['pass']}",
+    )
 
 
 def _packed_headlines(results: dict) -> list[tuple[str, str, str]]:
     """Packed causal attention, per length and pass: foldax vs jax.nn with the same mask."""
-    out = []
-    for f in results["workloads"].get("packed", []):
-        b = _pick(results, "packed", BASELINE["packed"], f["pass"], f["case"])
-        if f["impl"] == "foldax" and b:
-            claim = f"packed causal attention, {f['case']}, {f['pass']}"
-            out.append((f"{claim}: foldax vs {b['impl']}", _vs_bytes(f, b), _ratio(f, b)))
-    return out
+    return _per_case_headlines(
+        results, "packed", lambda f: f"packed causal attention, {f['case']}, {f['pass']}"
+    )
 
 
 def _s4_headlines(results: dict) -> list[tuple[str, str, str]]:
