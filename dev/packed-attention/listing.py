@@ -6,7 +6,6 @@ every block pair, at the block sizes the planner picks, timed alone against the 
 """
 
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import numpy as np
 import foldax
 from foldax._engine import _loop
 from foldax._pairwise._masks import check_masking
+from foldax._tools import workloads as w
 from foldax._tools.bench._packed import documents
 
 
@@ -51,16 +51,6 @@ def _listing(L, bi, bj):
     return listing
 
 
-def median(f, *args, repeats=7):
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
 def main(lengths):
     for L in lengths:
         q = jnp.asarray(np.random.default_rng(0).standard_normal((1, L, 1, 64), dtype=np.float32))
@@ -73,8 +63,8 @@ def main(lengths):
         fwd = jax.jit(
             lambda q, s: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=s)
         )
-        t_list = median(jax.jit(listing), ids[0])
-        t_fwd = median(fwd, q, ids)
+        t_list = w.median_time(jax.jit(listing), ids[0])
+        t_fwd = w.median_time(fwd, q, ids)
         n_live = int(jax.jit(listing)(ids[0]).sum())
         print(
             f"L={L}: blocks {bi}x{bj}, {n_live} of {steps_i * steps_j} live; listing "
