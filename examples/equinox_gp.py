@@ -19,11 +19,11 @@ too, before they converge). It then prints the XLA temp memory of the gradient
 foldax against dense.
 
     pip install -e '.[examples]'           # equinox (optax comes with flax)
-    python examples/equinox_gp.py          # about 1 minute on 2 CPU cores
-    python examples/equinox_gp.py --smoke  # small sizes, about 10 s
+    python examples/equinox_gp.py          # about 50 s on 2 CPU cores
+    python examples/equinox_gp.py --smoke  # small sizes, about 15 s
 
 Measured with ``python examples/equinox_gp.py`` (1,000 training and 250 validation points in
-2-D, 4 models, at most 100 CG iterations a solve, 30 Adam steps; 55 s): the kernel product
+2-D, 4 models, at most 100 CG iterations a solve, 30 Adam steps): the kernel product
 agrees with the dense one to 1.4e-7 (float32), the converged losses to 3e-14 and gradients to
 3e-12 (float64); the four models' validation losses go from 0.031, 0.011, 0.021, 0.275
 (lengthscales 0.1, 0.3, 1, 3) to 0.009--0.011 (lengthscales 0.27--0.76); at 20,000 training
@@ -195,7 +195,7 @@ def main(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--smoke", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="small sizes, about 15 s")
     parser.add_argument("--train", type=int, default=1_000, help="training points")
     parser.add_argument("--val", type=int, default=250, help="validation points")
     parser.add_argument("--steps", type=int, default=30, help="Adam steps")

@@ -7,10 +7,10 @@ kernel is the DPLR generating function evaluated at the roots of unity, a Cauchy
 matrix, ``H`` of them under ``nn.vmap``; ``foldax.cauchy`` streams it, and because foldax plans
 its tiles after every ``vmap`` (Flax's included), the default settings need no tuning.
 
-Run ``python examples/flax_s4.py`` (about 4.5 minutes on 2 CPU cores; ``--smoke``, seconds): it trains a few steps,
-then prints the training step's XLA temp memory and time for the Cauchy sum written three ways:
-naive, foldax (default settings and hand-picked block sizes), and an O(L + N) stand-in that
-computes no Cauchy sum at all (the floor for everything else in the step).
+Run ``python examples/flax_s4.py`` (about 4.5 minutes on 2 CPU cores; ``--smoke``, about 25 s): it
+trains a few steps, then prints the training step's XLA temp memory and time for the Cauchy sum
+written three ways: naive, foldax (default settings and hand-picked block sizes), and an O(L + N)
+stand-in that computes no Cauchy sum at all (the floor for everything else in the step).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def train(h, n, length, steps):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="small sizes, about 25 s")
     parser.add_argument("--channels", type=int, default=128, help="H (default: 128)")
     parser.add_argument("--length", type=int, default=1024, help="L (default: 1024)")
     parser.add_argument("--states", type=int, nargs="+", default=[64, 256], help="N values")

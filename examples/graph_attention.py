@@ -19,7 +19,7 @@ The script checks the layer's output and its parameters' gradient against the ``
 prints XLA temp memory (``foldax.memory``) and time (compiled, after warm-up, the ways in
 turns, median of repeats) of the forward pass and of the gradient.
 
-Measured with ``python examples/graph_attention.py`` (about 70 s on 2 CPU cores, shared with
+Measured with ``python examples/graph_attention.py`` (about 60 s on 2 CPU cores, shared with
 other jobs; ``--smoke``, about 10 s), V = 20,000 nodes, E = 400,000 edges, H = 4 heads of
 F = 32 features: output and gradient agree with ``jax.ops`` and jraph to 2e-7 and 5e-7 relative;
 XLA temp memory forward 18.8 MB against 221.4 MB (both), gradient 71.9 MB against 874.2 MB (the
@@ -158,7 +158,7 @@ def main(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--smoke", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="small sizes, about 10 s")
     parser.add_argument("--nodes", type=int, default=20_000, help="V")
     parser.add_argument("--edges", type=int, default=400_000, help="E")
     parser.add_argument("--heads", type=int, default=4, help="H")

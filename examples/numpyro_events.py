@@ -14,7 +14,7 @@ chains ``vmap``-ed (numpyro's ``chain_method="vectorized"``).
 
     pip install -e '.[examples]'
     python examples/numpyro_events.py          # about 5 minutes on 2 CPU cores
-    python examples/numpyro_events.py --smoke  # 1/100 of the rows, a few seconds
+    python examples/numpyro_events.py --smoke  # 1/100 of the rows, about 20 s
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--smoke", action="store_true", help="1/100 of the rows, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="1/100 of the rows, about 20 s")
     parser.add_argument("--warmup", type=int, default=300, help="NUTS warm-up steps")
     parser.add_argument("--samples", type=int, default=300, help="NUTS samples kept")
     args = parser.parse_args(argv)

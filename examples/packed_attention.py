@@ -11,7 +11,7 @@ XLA temp memory and time (in turns, median of repeats), forward and for the grad
 with respect to the layer's weights.
 
     python examples/packed_attention.py          # B = 2, L = 4,096, 16 documents a row
-    python examples/packed_attention.py --smoke  # B = 2, L = 256, a few seconds
+    python examples/packed_attention.py --smoke  # B = 2, L = 256, about 20 s
 
 Measured on a shared 2-core CPU machine (``python examples/packed_attention.py``, B = 2,
 L = 4,096, the layer's forward and the gradient of its loss with respect to its weights):
@@ -92,7 +92,7 @@ def timed_in_turns(fns, args, repeats):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="small sizes, about 20 s")
     parser.add_argument("--length", type=int, default=None, help="tokens a row (default 4096)")
     args = parser.parse_args()
     length = args.length or (256 if args.smoke else 4096)

@@ -6,8 +6,8 @@ materializes an (H, N/2, L) complex array forward and again for the gradient. Wi
 ``foldax.vandermonde`` it is a streamed pairwise reduction, so a training step's temp memory is the
 same for N = 64 and N = 512. Run it:
 
-    .venv/bin/python examples/s4_layer.py          # about 1 minute on 2 CPU cores
-    .venv/bin/python examples/s4_layer.py --smoke  # small sizes, a few seconds
+    .venv/bin/python examples/s4_layer.py          # about 20 s on 2 CPU cores
+    .venv/bin/python examples/s4_layer.py --smoke  # small sizes, about 25 s
 
 It prints the XLA temp memory of one jitted training step (naive kernel vs foldax, N = 64 and
 512) and then trains a small classifier on random data for a few steps with the foldax kernel.
@@ -102,7 +102,7 @@ def main(argv=None):
     ap.add_argument("--length", type=int, default=1024, help="sequence length L")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true", help="small sizes, a few seconds")
+    ap.add_argument("--smoke", action="store_true", help="small sizes, about 25 s")
     args = ap.parse_args(argv)
     if args.smoke:
         args.h, args.length, args.batch, args.steps = 8, 64, 2, 2

@@ -4,7 +4,7 @@ The workload of ``foldax demo`` (N = 1,159,351 rows in 123 unequal segments, per
 ``logsumexp(f(theta, x)) - log(size)``) ``vmap``-ed over B parameter vectors, as an outside library
 (numpyro) does. foldax plans its steps after every transformation, so the temp memory of the
 forward pass and of the gradient stays within the budget whatever B is. Compile-only: run
-``python examples/seed_vmap_memory.py`` (about 10 s on 2 CPU cores; ``--smoke``, a few seconds).
+``python examples/seed_vmap_memory.py`` (about 7 s on 2 CPU cores; ``--smoke``, about 15 s).
 """
 
 import argparse
@@ -26,7 +26,7 @@ def temps(sizes, batch):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a 1/100 workload, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="a 1/100 workload, about 15 s")
     args = parser.parse_args(argv)
     sizes = w.seed_sizes()
     if args.smoke:

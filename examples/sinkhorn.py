@@ -21,7 +21,7 @@ prints XLA temp memory of the cost and its gradient (``foldax.memory``; compile-
 them at n = m = 10,000 with foldax, and times one Sinkhorn iteration, foldax against dense.
 
 Measured with ``python examples/sinkhorn.py`` (about 2 minutes on 2 CPU cores, shared with
-other jobs; ``--smoke``, about 10 s), 3-D points, eps = 0.5, 100 iterations (the plan's marginals
+other jobs; ``--smoke``, about 15 s), 3-D points, eps = 0.5, 100 iterations (the plan's marginals
 then agree to 1e-6): at n = m = 1,000 the foldax cost agrees with the dense one to 8e-8 relative
 and its gradient to 1.2e-6 (1.4e-6 against the unrolled gradient, 1.7e-6 against OTT-JAX). The
 cost and its gradient need 549 KB of temp memory with foldax at n = m = 10,000, against 2.0 GB
@@ -226,7 +226,7 @@ def main(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--smoke", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--smoke", action="store_true", help="small sizes, about 15 s")
     parser.add_argument("--eps", type=float, default=0.5, help="entropic regularisation")
     parser.add_argument("--iters", type=int, default=100, help="Sinkhorn iterations")
     args = parser.parse_args(argv)

@@ -316,7 +316,7 @@ def _plot(rep, out) -> None:
 
 
 #: Measured on 2 CPU cores (see the README); printed next to the commands that take minutes.
-DEMO_TIMES = {"ragged": "about 20 s", "s4": "about 2 min", "all": "about 2.5 min"}
+DEMO_TIMES = {"ragged": "about 75 s", "s4": "about 3.5 min", "all": "about 3.5 min"}
 BENCH_OUT = "foldax-bench"
 
 
