@@ -27,6 +27,8 @@ Kinds (the fold's arguments are ``(arrays, consts, slots, rows)``; ``arrays = (i
 * ``"scatter_logsumexp"`` / ``"scatter_logmeanexp"``: the outputs of
   :class:`foldax._reductions.LogSumExp` (result, max, log of the shifted sum[, count]): a
   scatter-max, then a scatter-add of ``exp(x - max)`` -- the per-segment shift kept;
+* ``"lse_gather"``: the cotangent fold of a log-sum-exp from its result's cotangent alone:
+  outputs ``((), (), (g * softmax weight per row,))`` from ``slots = (m, rel, g)``;
 * ``"whole"``: the fold's own step over every row at once (:func:`whole`), for the derived
   folds of the extrema and log-sum-exps: per row, its slot's states gathered, the body's tangent or cotangent,
   and for a tangent a scatter-add into the slots -- a gather and a scatter, without a loop.
@@ -52,7 +54,28 @@ DERIVED = {
     "whole": _WHOLE,
     "scatter_tangent": {},
     "gather": {},
+    "lse_gather": {},
 }
+
+_LOGSUMEXPS = ("scatter_logsumexp", "scatter_logmeanexp")
+
+
+def derived(parent, derivative, shape):
+    """The kind of the ``derivative`` (``"jvp"`` / ``"vjp"``) fold of a direct fold of kind
+    ``parent`` with ``shape`` (:class:`foldax._engine._derived.Shape`), or ``None`` (walked).
+
+    A log-sum-exp's gradient with respect to its rows, from its result's cotangent alone (what
+    ``segment_logsumexp`` / ``segment_logmeanexp`` take), is ``"lse_gather"``: per row, the
+    segment's cotangent times its softmax weight -- three gathers and an exponential."""
+    if (
+        parent in _LOGSUMEXPS
+        and derivative == "vjp"
+        and (shape.nc, shape.ns, shape.nr, tuple(shape.nz)) == (0, 0, 1, (True,))
+        and tuple(shape.gnz[:1]) == (True,)
+        and not any(shape.gnz[1:])
+    ):
+        return "lse_gather"
+    return DERIVED[parent].get(derivative) if parent else None
 
 
 def _segment_sum(x, ids, num_slots):
@@ -111,6 +134,27 @@ def _logsumexp(mean):
     return lower
 
 
+def _lse_gather(ids, num_slots, slots, rows):
+    """Per row ``g * exp(x - logsumexp)`` of its segment (``slots``: the log-sum-exp's info
+    ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as
+    ``exp(x - m) * (g / sum)``: two gathers per row (XLA:CPU's gathers, fused into the rows'
+    loop, cost more than the arithmetic). As the walk's: 0 where the cotangent is 0, on rows
+    dropped, in all -inf and NaN segments and on the finite rows of a +inf segment; NaN on a
+    +inf row of a +inf segment with a cotangent."""
+    x = rows[0]
+    m, rel, g = slots
+    g = g.astype(rel.dtype)
+    shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m)  # NaN and +inf kept: masked below
+    scale = jnp.where((m > -jnp.inf) & (g != 0), g * jnp.exp(-rel), jnp.zeros_like(rel))
+    scale = jnp.where((m == jnp.inf) & (g != 0), jnp.full_like(rel, jnp.nan), scale)
+    shift_r, scale_r = _at_rows(shift, ids, num_slots), _at_rows(scale, ids, num_slots)
+    keep = ((ids >= 0) & (ids < num_slots)).reshape(ids.shape + (1,) * (x.ndim - 1))
+    a = x.astype(rel.dtype) - shift_r
+    live = keep & ~jnp.isnan(shift_r) & (scale_r != 0) & (a != -jnp.inf)
+    out = jnp.where(live, jnp.exp(a) * scale_r, jnp.zeros_like(a))
+    return (), (), (out.astype(x.dtype),)
+
+
 def _hits(x, ids, num_slots, m):
     """The rows that attain their slot's extreme ``m`` (a row dropped may read as one: the
     scatter drops it again; so the shifted exponentials of the log-sum-exp)."""
@@ -131,6 +175,7 @@ _LOWER = {
     "scatter_min": _extremum(False),
     "scatter_logsumexp": _logsumexp(False),
     "scatter_logmeanexp": _logsumexp(True),
+    "lse_gather": _lse_gather,
 }
 
 
@@ -142,7 +187,7 @@ def lower(kind, out_avals, num_slots, arrays, consts, slots, rows):
 
 
 #: the kinds whose program holds an intermediate per row (a gathered state, an exponential)
-_PER_ROW = ("whole", "scatter_logsumexp", "scatter_logmeanexp")
+_PER_ROW = ("whole", "scatter_logsumexp", "scatter_logmeanexp", "lse_gather")
 
 
 def applies(kind, spec, platform, row_bytes=None) -> bool:
@@ -170,4 +215,4 @@ def applies(kind, spec, platform, row_bytes=None) -> bool:
     return spec.budget == DEFAULT_BUDGET or row_bytes() * spec.plan.n <= spec.budget
 
 
-__all__ = ["DERIVED", "applies", "lower"]
+__all__ = ["DERIVED", "applies", "derived", "lower"]

@@ -265,7 +265,7 @@ class Fold(_Rules):
         else:
             body, psum = _vjp_body(spec, shape, self.out_aval), False
         origin = (self, shape) if kind == "jvp" else None
-        direct = _direct.DERIVED[spec.direct].get(kind) if spec.direct else None
+        direct = _direct.derived(spec.direct, kind, shape)
         return _Derived(
             spec.replace(
                 body=body, monoid=None, fill=0.0, slot_psum=psum, origin=origin, direct=direct

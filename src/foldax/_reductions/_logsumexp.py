@@ -102,8 +102,11 @@ class LogSumExp(Monoid):
         return (lax.stop_gradient(m), rel)
 
     def row_cotangent(self, v, mask, info, g):
+        # A zero cotangent pulls back to zero, even where the weight is not a number (a +inf
+        # row of a +inf segment): a softmax's rows of such a segment take no gradient.
         w = lse_weights(v, _tile_mask(mask, v), *(a[:, None] for a in info))
-        return (g[0][:, None].astype(w.dtype) * w).astype(v.dtype)
+        g = g[0][:, None].astype(w.dtype)
+        return jnp.where(g == 0, jnp.zeros((), w.dtype), g * w).astype(v.dtype)
 
     def tangent(self, v, dv, mask, info):
         w = lse_weights(v, _tile_mask(mask, v), *(a[:, None] for a in info))

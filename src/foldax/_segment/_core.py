@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec as P
 
 from .. import _checks, _eager, _shard
 from .._reductions import LOGSUMEXP, MAX, MEAN, MIN
-from . import _fold
-from ._partition import _Empty, _Ids, _is_numpy, _mode, _partition
+from . import _fold, _policy
+from ._partition import _Contiguous, _Empty, _Ids, _is_numpy, _mode, _partition
 
 if TYPE_CHECKING:
     pass
@@ -182,9 +182,14 @@ def _segment(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows, clip
     )
     chunk = _chunk(name, chunk_size)
-    # Known sorted ids scatter by their ids on CPU; elsewhere their contiguous tiles stay.
-    plain = mesh is None and not normal and _fold.scatters(fn, aval.dtype, monoid, axes)
-    if plain and jax.default_backend() == "cpu":
+    # Known sorted ids (and static sizes / offsets) scatter by their ids on CPU; elsewhere their
+    # contiguous tiles stay.
+    if normal:
+        scatters = _fold.normalizes_by_scatters(fn, aval.dtype, axes, chunk, n, aval.shape[1:])
+    else:
+        scatters = bool(_fold.scatters(fn, aval.dtype, monoid, axes))
+    scatters = scatters and mesh is None and jax.default_backend() == "cpu"
+    if scatters and not _walks(part, n_global, aval.shape[1:], normal):
         part = getattr(part, "by_ids", lambda: None)() or part
 
     if isinstance(part, _Empty):
@@ -194,6 +199,8 @@ def _segment(
 
     def local(data, arrays, fn):
         plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
+        if normal and scatters and plan.kind == "rows":
+            return _fold.normalize_rows(name, data, plan, arrays, op == "log_softmax")
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
         if empty is None:
@@ -204,6 +211,13 @@ def _segment(
     if mesh is None:
         return local(data, part.arrays(), fn)
     return _on_mesh(mesh, axes, local, data, part, fn, normal)
+
+
+def _walks(part, n, features, per_row) -> bool:
+    """Whether contiguous segments (static ``sizes`` / ``offsets``, known or promised sorted ids)
+    stay walked on CPU rather than scattered by ids (:func:`._policy.walks_contiguous`)."""
+    contiguous = isinstance(part, _Contiguous) or getattr(part, "sorted", False)
+    return contiguous and _policy.walks_contiguous(n, part.num_segments, tuple(features), per_row)
 
 
 def _plain_data(name, data, segment_ids, sizes, offsets, axes):

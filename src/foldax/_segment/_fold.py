@@ -10,12 +10,16 @@ step size when it is lowered, after every transformation, so the body must fit a
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .. import _closure, _engine, _shard
+from .._engine._budget import DEFAULT_BUDGET
 from .._reductions import LOGMEANEXP, LOGSUMEXP, MAX, MIN, SUM
 from .._reductions._base import _accumulator as accumulator
 from .._reductions._base import _finite_or_zero
@@ -112,7 +116,7 @@ def scatters(fn, dtype, monoid, axes) -> str | None:
     accumulates in itself, by a sum (``jax.ops.segment_sum``'s program and numbers) or a
     log-sum-exp (a scatter-max, then a scatter-add of the shifted exponentials), sorted ids or
     not. Half-precision sums keep the walk (it accumulates in float32 without a float32 copy of
-    the data), and so does a partition given by ``sizes`` / ``offsets`` (no ids)."""
+    the data); contiguous segments scatter or walk as :mod:`._policy` says."""
     if fn is not None or axes:
         return None
     if monoid in (MAX, MIN):
@@ -144,9 +148,8 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     The log-sum-exp enters as its max and log-sum apart (``(x - max) - log(sum)``, in float32 for
     half-precision values), so the rows keep float32's relative precision for logits of any size.
     """
-    # (both folds walk: as scatters, the rows' second pass and its gradient measured 2.5-3.5x
-    # jraph's, and their gradient rounds the per-segment sums of cancelling cotangents unlike
-    # the walk on a mesh)
+    # (plain data on one CPU takes jraph's program instead: normalize_rows; a user's fn, a mesh
+    # and half precision walk here)
     outs = fold(name, LOGSUMEXP, fn, data, plan, arrays, axes, all_outputs=True, scatter=False)
     f, consts = row_fn(fn, data, axes)
 
@@ -158,7 +161,7 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
         # step (read against another segment's log-sum-exp) get no gradient: the cotangent of
         # the branch not taken is exactly 0.
         own = mask.reshape((-1,) + (1,) * (z.ndim - 1))
-        bad = jnp.isnan(z) | (m_r == -np.inf) | ~own
+        bad = jnp.isnan(z) | (m_r == -np.inf) | (m_r == np.inf) | ~own
         z = jnp.where(bad, jnp.zeros((), z.dtype), z)
         z = z if log else jnp.exp(z)
         return (), (), (jnp.where(bad, jnp.asarray(np.nan, z.dtype), z).astype(v.dtype),)
@@ -171,4 +174,82 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     return out
 
 
-__all__ = ["example_rows", "fold", "in_blocks", "normalize", "replay_rows", "row_fn", "scatters"]
+def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
+    """Whether a segment softmax of plain data (no ``fn``) on one device takes
+    :func:`normalize_rows`: values that accumulate in their own dtype (half precision keeps the
+    walk, which accumulates in float32 without a float32 copy of the data), no explicit
+    ``chunk_size``, and its two ``(N, *F)`` intermediates within a budget the user set."""
+    if fn is not None or axes or chunk is not None or accumulator(dtype) != dtype:
+        return False
+    budget = _engine.current_budget()
+    needed = 2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return budget == DEFAULT_BUDGET or needed <= budget
+
+
+def normalize_rows(name, data, plan, arrays, log):
+    """A segment softmax / log-softmax of plain ``data`` ``(N, *F)`` under per-row ids (a
+    ``"rows"`` plan): jraph's program -- the segments' max, the shifted exponentials summed,
+    each row divided by its sum -- on the engine's folds (which lower to XLA's scatters when
+    not batched) and gathers, so it costs what that program costs, derivatives included.
+
+    Numerics as :func:`normalize`'s: each segment is shifted by its own max, ``z = (x - max) -
+    log(sum)``; rows in no segment, and every row of a segment that is all -inf or holds a
+    +inf or NaN, are NaN and take no gradient. The derivative is the softmax's (``dy = p * (dx - sum(p *
+    dx))`` per segment, ``p`` the softmax): a scatter and a gather, and the saved output."""
+    (ids,) = arrays
+    num = plan.num_slots
+    # Rows in no segment go to an extra segment, whose shift is NaN: the folds have a slot
+    # more (ids of S scatter there, negative ones are dropped) and the gathers read it for any
+    # id out of range (-1 wraps to it, S and above clamp to it). No (N,) or (N, *F) array is
+    # made for them: XLA:CPU runs a select by a per-row mask broadcast over the features, or a
+    # gather from a table extended by concatenation, several times slower than the rest.
+    plan = dataclasses.replace(plan, num_slots=num + 1)
+    extra = lax.broadcasted_iota(jnp.int32, (num + 1, *data.shape[1:]), 0) == num
+    index = jnp.maximum(ids, -1)
+
+    def at_rows(a):
+        return a[index]
+
+    def run(x):
+        m = fold(name, MAX, None, x, plan, arrays)
+        # a +inf or NaN max is kept: every row of its segment is NaN (as jax.nn.softmax's)
+        shift = jnp.where(m == -np.inf, jnp.zeros((), m.dtype), m)
+        d = x - at_rows(jnp.where(extra, jnp.asarray(np.nan, m.dtype), shift))
+        logs = jnp.log(fold(name, SUM, None, jnp.exp(d), plan, arrays))
+        return d - at_rows(logs)  # NaN on the bad rows, finite or -inf elsewhere
+
+    def out(z):
+        return z if log else jnp.exp(z)
+
+    @jax.custom_jvp
+    def normalized(x):
+        return out(run(x))
+
+    @normalized.defjvp
+    def _(primals, tangents):
+        (x,), (t,) = primals, tangents
+        z = run(x)
+        bad = jnp.isnan(z)
+        p = jnp.where(bad, jnp.zeros((), z.dtype), jnp.exp(z))  # 0 on the bad rows
+        if not log:  # p is the mask: 0 on the bad rows, whatever it multiplies there
+            by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
+            spread = at_rows(fold(name, SUM, None, by_p(t), plan, arrays))
+            return out(z), by_p(t - spread)
+        t = jnp.where(bad, jnp.zeros((), t.dtype), t)
+        dz = t - at_rows(fold(name, SUM, None, t * p, plan, arrays))
+        return out(z), jnp.where(bad, jnp.zeros((), dz.dtype), dz)
+
+    return normalized(data)
+
+
+__all__ = [
+    "example_rows",
+    "fold",
+    "in_blocks",
+    "normalize",
+    "normalize_rows",
+    "normalizes_by_scatters",
+    "replay_rows",
+    "row_fn",
+    "scatters",
+]

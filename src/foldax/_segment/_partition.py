@@ -214,8 +214,14 @@ class _Contiguous:
         self.ids = ids  # the known sorted ids these segments came from (NumPy), if any
 
     def by_ids(self):
-        """The same partition as per-row ids (an :class:`_Ids`), if it came from known ids."""
-        return None if self.ids is None else _Ids(static_table(self.ids), self.num_segments, False)
+        """The same partition as per-row ids (an :class:`_Ids`), if it is static (known ids, or
+        static sizes / offsets: every row's segment is known at trace time)."""
+        if not self.static:
+            return None
+        ids = self.ids
+        if ids is None:
+            ids = np.repeat(np.arange(self.num_segments, dtype=np.int32), self.sizes)
+        return _Ids(static_table(ids.astype(np.int32)), self.num_segments, False)
 
     def arrays(self):
         """The traced arrays (replicated on a mesh); static ones enter in :meth:`plan`."""

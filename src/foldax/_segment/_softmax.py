@@ -126,8 +126,8 @@ def segment_log_softmax(
       ``(N, *F)``: one value per row, like ``fn(data)``.
 
     Numerics:
-      rows whose segment id is out of range, and rows of a segment that is all -inf, give
-      NaN. The result is written chunk by chunk; its temp memory does not grow with ``N``.
+      rows whose segment id is out of range, and every row of a segment that is all -inf or
+      holds a +inf or NaN (as ``jax.nn.softmax``), give NaN and take no gradient. The result is written chunk by chunk; its temp memory does not grow with ``N``.
 
     Memory: {memory}
 
@@ -168,8 +168,8 @@ def segment_softmax(
       ``(N, *F)``: one value per row, like ``fn(data)``.
 
     Numerics:
-      rows whose segment id is out of range, and rows of a segment that is all -inf, give
-      NaN. Each segment's rows sum to 1.
+      rows whose segment id is out of range, and every row of a segment that is all -inf or
+      holds a +inf or NaN (as ``jax.nn.softmax``), give NaN and take no gradient. Each segment's rows sum to 1.
 
     Memory: {memory}
 
