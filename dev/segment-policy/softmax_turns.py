@@ -16,13 +16,8 @@ import numpy as np
 
 import foldax
 from foldax._tools import workloads as w
+from foldax._tools.bench._graph import _jraph_softmax as jraph_softmax
 from foldax.memory import report
-
-
-def jraph_softmax(x, ids, v):
-    m = jax.lax.stop_gradient(jax.ops.segment_max(x, ids, v))
-    e = jnp.exp(x - m[ids])
-    return e / jax.ops.segment_sum(e, ids, v)[ids]
 
 
 def main():
@@ -38,7 +33,7 @@ def main():
     x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
     wgt = jnp.asarray(rng.standard_normal(shape), jnp.float32)
     ways = {
-        "jraph": functools.partial(jraph_softmax, v=a.segments),
+        "jraph": functools.partial(jraph_softmax, v=a.segments, sorted_=False),
         "foldax": lambda x, i: foldax.segment_softmax(x, i, a.segments),
     }
     if a.batch:
