@@ -83,6 +83,7 @@ def test_jitted_calls_take_the_fast_path(f, x):
     assert _count_calls("cache_miss", lambda: f(x)) == 0
 
 
+@pytest.mark.slow
 def test_eager_calls_reuse_their_executable():
     _eager.CACHE.clear()
     ref = jax.ops.segment_sum(X, IDS, num_segments=5)
@@ -133,6 +134,7 @@ def test_eager_calls_see_rebound_globals_and_new_structure():
     assert_allclose(b, 2.5 * a, dtype=jnp.float32)
 
 
+@pytest.mark.slow
 def test_eager_kernel_and_mask_closures_are_inputs():
     y = jnp.asarray(RNG.standard_normal((30, 3)), jnp.float32)
     keep = jnp.asarray(RNG.integers(0, 2, 30), jnp.int32)
@@ -152,6 +154,7 @@ def test_eager_kernel_and_mask_closures_are_inputs():
             assert_allclose(call(jnp.float32(s), kept), dense(s, kept), dtype=jnp.float32)
 
 
+@pytest.mark.slow
 def test_eager_cache_keys_budget_static_ids_and_checks():
     _eager.CACHE.clear()
     foldax.segment_sum(X, IDS, num_segments=5)
@@ -172,6 +175,7 @@ def test_eager_cache_keys_budget_static_ids_and_checks():
     assert_allclose(foldax.segment_max(X, sizes=sizes)[0], X[:30].max(0), dtype=jnp.float32)
 
 
+@pytest.mark.slow
 def test_traced_calls_bypass_the_cache():
     _eager.CACHE.clear()
     jax.jit(lambda x: foldax.segment_sum(x, IDS, num_segments=5))(X)
@@ -206,6 +210,7 @@ def _rss_mb():
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_many_eager_calls_keep_host_memory():
     """1,000 eager calls (a fresh lambda closing over a fresh array each time, as a loop in a
@@ -241,6 +246,7 @@ def _hlo(f, *args):
     return jax.jit(f).lower(*args).compile().as_text()
 
 
+@pytest.mark.slow
 def test_plain_sum_is_one_scatter_unless_batched():
     """A sum of plain data under unsorted ids is XLA's scatter-add (jax.ops' program: no loop,
     no temp) and its gradients are a scatter and a gather; under ``vmap`` the walk keeps the
@@ -275,6 +281,7 @@ def test_plain_sum_is_one_scatter_unless_batched():
     assert_allclose(vm(batch, ids), jax.vmap(theirs, (0, None))(batch, ids), dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_plain_sum_under_sorted_ids_is_jax_ops_program():
     """Sorted ids, known or traced, and static ``sizes`` give jax.ops' scatter too -- except
     narrow rows in long segments, which the walk reduces faster (the CPU policy, fitted to
@@ -307,7 +314,7 @@ def test_plain_sum_under_sorted_ids_is_jax_ops_program():
 
 
 #: plain-data reductions whose fold is XLA's scatters on CPU, besides the sum
-_SCATTERED = ("max", "min", "logsumexp", "logmeanexp", "softmax", "log_softmax")
+_SCATTERED = ("max", "min", "logsumexp", "logmeanexp", "softmax")
 
 
 def _jraph_softmax(x, ids, s, log=False):
@@ -350,6 +357,7 @@ def _scattered_calls(name, s, w, **kw):
     return f, jax.grad(_finite_loss(f, w)), jvp
 
 
+@pytest.mark.slow
 def test_plain_extrema_and_logsumexps_are_scatters_unless_batched():
     """Max, min, log-sum-exps and softmaxes of plain data under unsorted ids are XLA's scatters
     and gathers (no loop), derivatives included, at no more temp than the jax.ops / jraph way.
@@ -368,7 +376,6 @@ def test_plain_extrema_and_logsumexps_are_scatters_unless_batched():
         "min": jax.ops.segment_min,
         "logsumexp": _plain_logsumexp,
         "softmax": _jraph_softmax,
-        "log_softmax": functools.partial(_jraph_softmax, log=True),
     }
     for name in _SCATTERED:
         w = jnp.asarray(rng.standard_normal((n if "softmax" in name else s, 3)), jnp.float32)

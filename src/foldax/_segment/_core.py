@@ -184,8 +184,10 @@ def _segment(
     chunk = _chunk(name, chunk_size)
     # Known sorted ids (and static sizes / offsets) scatter by their ids on CPU; elsewhere their
     # contiguous tiles stay.
-    if normal:
-        scatters = _fold.normalizes_by_scatters(fn, aval.dtype, axes, chunk, n, aval.shape[1:])
+    if normal:  # (a log-softmax walks: see _fold.normalize_rows)
+        scatters = op == "softmax" and _fold.normalizes_by_scatters(
+            fn, aval.dtype, axes, chunk, n, aval.shape[1:]
+        )
     else:
         scatters = bool(_fold.scatters(fn, aval.dtype, monoid, axes))
     scatters = scatters and mesh is None and jax.default_backend() == "cpu"
