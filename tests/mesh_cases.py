@@ -10,6 +10,7 @@ memory that is a share of the single-device figure.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -280,6 +281,7 @@ PAIR_SPLITS = {
 }
 
 
+@functools.cache  # one program per width: the splits' one-device reference compiles once
 def pair_call(width):
     def one(red, x, y, t):
         if red == "softmax":

@@ -72,6 +72,7 @@ def _keep_docs(seg):
 # Masks closing over traced arrays
 
 
+@pytest.mark.slow
 def test_mask_closing_over_jit_argument_under_jit_vmap_and_grad(rng):
     q, k, v = _qkv(rng, 72, 8)
     seg = _docs(rng, 72, 5)
@@ -90,6 +91,7 @@ def test_mask_closing_over_jit_argument_under_jit_vmap_and_grad(rng):
         assert_allclose(g, w, dtype=F32, scale=10)
 
 
+@pytest.mark.slow
 def test_padding_mask_from_traced_lengths(rng):
     q, k, v = _qkv(rng, 4, 40, 8)
     lengths = jnp.array([40, 17, 1, 29])
@@ -107,6 +109,7 @@ def test_padding_mask_from_traced_lengths(rng):
     assert_allclose(g, w, dtype=F32, scale=10)
 
 
+@pytest.mark.slow
 def test_segment_ids_keyword_matches_the_mask_and_skips_nothing_it_needs(rng):
     q, k, v = _qkv(rng, 90, 8)
     seg = _docs(rng, 90, 7)
@@ -146,6 +149,7 @@ def test_segment_ids_for_other_reductions_and_their_errors(rng):
         foldax.pairwise_reduce(dist, x, x, segment_ids=(ids, ids, ids))
 
 
+@pytest.mark.slow
 def test_packed_attention_gradients_check_numerically(rng):
     q, k, v = (np.asarray(a, np.float64) for a in _qkv(rng, 24, 3))
     seg = _docs(rng, 24, 3)
@@ -154,7 +158,9 @@ def test_packed_attention_gradients_check_numerically(rng):
         f = lambda q, k, v: foldax.dot_product_attention(  # noqa: E731
             q[:, None], k[:, None], v[:, None], is_causal=True, segment_ids=seg, block_size=8
         )
-        check_grads(f, (q, k, v), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-5, rtol=1e-5)
+        check_grads(
+            jax.jit(f), (q, k, v), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-5, rtol=1e-5
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,7 +190,10 @@ _MASKS = {  # name -> (mask, bounded by the analysis, blocks listed exactly)
 }
 
 
-@pytest.mark.parametrize("name", list(_MASKS))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n == "block-diagonal" else n for n in _MASKS],
+)
 def test_block_test_is_never_wrong_and_exact_where_bounded(rng, name):
     mask, bounded, exact_blocks = _MASKS[name]
     index = jax.ShapeDtypeStruct((), jnp.int32)
@@ -204,6 +213,7 @@ def test_block_test_is_never_wrong_and_exact_where_bounded(rng, name):
         np.testing.assert_array_equal(got, truth)
 
 
+@pytest.mark.slow
 def test_listed_blocks_follow_documents_and_causality():
     """With sorted ids and a causal mask, the live blocks are those on the diagonal blocks of
     documents below the diagonal: counted from the engine's own block test."""
@@ -244,6 +254,7 @@ def heads(rng):
     return q, k, v
 
 
+@pytest.mark.slow
 def test_matches_jax_nn_on_its_own_options(rng, heads):
     q, k, v = heads
     t = q.shape[1]
@@ -271,6 +282,7 @@ def test_matches_jax_nn_on_its_own_options(rng, heads):
         assert_allclose(got, jax.nn.dot_product_attention(q, k, v, **kw), dtype=F32, scale=3)
 
 
+@pytest.mark.slow
 def test_layouts_residual_query_lengths_and_unbatched(heads):
     q, k, v = heads
     want, lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
@@ -290,6 +302,7 @@ def test_layouts_residual_query_lengths_and_unbatched(heads):
     assert np.all(np.asarray(got)[1, 5:] == 0)
 
 
+@pytest.mark.slow
 def test_packed_documents_under_vmap_of_batch_and_grad(rng, heads):
     q, k, v = heads
     seg = _docs(rng, 36, 4, batch=2)
@@ -311,6 +324,7 @@ def test_packed_documents_under_vmap_of_batch_and_grad(rng, heads):
         assert_allclose(g, w, dtype=F32, scale=10)
 
 
+@pytest.mark.slow
 def test_bias_gradient_and_cross_attention_ids(rng):
     q = jnp.asarray(rng.standard_normal((1, 20, 2, 4)), F32)
     k, v = (jnp.asarray(rng.standard_normal((1, 12, 1, 4)), F32) for _ in range(2))
@@ -346,6 +360,7 @@ def test_errors_name_the_function_and_the_fix(heads):
 # Memory
 
 
+@pytest.mark.slow
 def test_packed_attention_memory_grows_like_length_not_its_square(rng):
     """Temp bytes from L to 4L (16 documents) grow at most 4.5x, forward and gradient, and stay
     far below one (L, L) float32 buffer."""
@@ -363,6 +378,7 @@ def test_packed_attention_memory_grows_like_length_not_its_square(rng):
         assert lg < 4096 * 4096 * 4 / 8, f"{what}: {lg} bytes, near an L x L buffer"
 
 
+@pytest.mark.slow
 def test_under_export_checkpoint_jacfwd_and_nested_vmap(rng):
     q = jnp.asarray(rng.standard_normal((2, 24, 2, 4)), F32)
     ids = _docs(rng, 24, 3, batch=2)

@@ -58,6 +58,7 @@ def test_audit_names_the_cauchy_buffer_and_line():
     assert "c64[16,256,64]" in text and f"test_audit.py:{CAUCHY_LINE}" in text
 
 
+@pytest.mark.slow
 def test_scaling_exponent_naive_vs_foldax():
     naive = memory.scaling(_make(naive_cauchy), [64, 128, 256])
     assert naive.exponent >= 0.9, naive
@@ -106,6 +107,7 @@ def test_report_without_memory_analysis_is_a_clear_error():
         memory.report_from_compiled(NoAnalysis(), "f")
 
 
+@pytest.mark.slow
 def test_cli_audit(tmp_path):
     target = tmp_path / "target.py"
     target.write_text(
@@ -132,6 +134,7 @@ def test_cli_audit(tmp_path):
     assert "fitted exponent 2.0" in out
 
 
+@pytest.mark.slow
 def test_cli_audit_bad_target():
     out = subprocess.run(
         [sys.executable, "-m", "foldax", "audit", "no_such_file.py:make"],
@@ -322,6 +325,7 @@ def _example(path, name):
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
+@pytest.mark.slow
 def test_scaling_says_when_the_folds_ran_in_one_step():
     """At N = 64, 256, 512 the segment workload's folds hold every row in one step: temp memory
     grows with N (exponent ~1.6), which tells nothing about whether it stays flat."""
@@ -333,6 +337,7 @@ def test_scaling_says_when_the_folds_ran_in_one_step():
     assert "note: at N=64, 256, 512 foldax's folds ran in one step" in str(rep)
 
 
+@pytest.mark.slow
 def test_scaling_of_a_fold_with_several_steps_has_no_note():
     def make(n):
         def f(x):
@@ -385,6 +390,7 @@ def _line_of(marker):
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_audit_paths_are_relative_to_the_working_directory(monkeypatch):
     fn, args = _make(naive_cauchy)(64)
     monkeypatch.chdir(REPO)

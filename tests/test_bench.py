@@ -1,9 +1,16 @@
-"""``foldax bench``: one quick run end to end, and the repository's figures against their JSON."""
+"""``foldax bench``: one quick run end to end, and the repository's figures against their JSON.
+
+The runs here are ``foldax bench --quick`` with ``FOLDAX_BENCH_TINY=1``: every case of a quick
+run, through the same code, at the tiny sizes of ``bench.TINY`` (compiling, not measuring, is
+what takes the time of a test run).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,25 +20,31 @@ import pytest
 from foldax._tools import bench as _bench
 
 ROOT = Path(__file__).parent.parent
+TINY_ENV = {**os.environ, _bench.TINY_ENV: "1"}
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    """``foldax bench --quick`` in a fresh folder holding a README with the results markers."""
+    """``foldax bench --quick`` (tiny sizes) in a fresh folder holding a README with the
+    results markers."""
     out = tmp_path_factory.mktemp("bench")
     readme = f"# mine\n\nbefore\n\n{_bench.README_START}\nold\n{_bench.README_END}\n\nafter\n"
     (out / "README.md").write_text(readme)
     cmd = [sys.executable, "-m", "foldax", "bench", "--quick", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, check=False, env=TINY_ENV
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc
 
 
+@pytest.mark.slow
 def test_quick_run_measures_every_workload(quick_run):
     out, proc = quick_run
     results = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
     assert set(results["workloads"]) == set(_bench.WORKLOADS)
     assert results["quick"] and results["command"] == "foldax bench --quick"
+    assert results["config"] == json.loads(json.dumps(dataclasses.asdict(_bench.TINY)))
     for name, rows in results["workloads"].items():
         assert rows, name
         for r in rows:
@@ -43,12 +56,14 @@ def test_quick_run_measures_every_workload(quick_run):
     assert {r["devices"] for r in sharded} == {1, 8}
     assert not any(r["all_gather"] for r in sharded)
     # the progress bar and the tables
-    assert (
-        "] " in proc.stderr and f"/{_bench._steps(_bench.QUICK, _bench.WORKLOADS)}" in proc.stderr
+    assert "] " in proc.stderr and f"/{_bench._steps(_bench.TINY, _bench.WORKLOADS)}" in proc.stderr
+    assert _bench._steps(_bench.TINY, _bench.WORKLOADS) == _bench._steps(
+        _bench.QUICK, _bench.WORKLOADS
     )
     assert "implementation" in proc.stdout
 
 
+@pytest.mark.slow
 def test_quick_run_reports_missing_peers_as_skipped(quick_run):
     out, proc = quick_run
     results = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
@@ -64,6 +79,7 @@ def test_quick_run_reports_missing_peers_as_skipped(quick_run):
     assert plots == ([] if "plots (matplotlib)" in missing else sorted(results["plots"]))
 
 
+@pytest.mark.slow
 def test_quick_run_renders_markdown_and_readme_from_its_json(quick_run):
     out, _ = quick_run
     results = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
@@ -85,34 +101,37 @@ def test_repository_figures_match_their_json():
         assert (ROOT / _bench.PLOT_DIR / plot).exists(), plot
 
 
+@pytest.mark.slow
 def test_merge_replaces_only_the_workloads_run(quick_run, tmp_path):
     """``--only NAME --merge`` measures NAME again into an existing results.json, keeps every
-    other workload's figures, and the text says which run measured what."""
+    other workload's figures, and the text says which run measured what. NAME is the cheapest
+    workload, ``precomputed``: the merge is the same for every workload."""
     out, _ = quick_run
     before = json.loads((out / _bench.PLOT_DIR / "results.json").read_text())
     merged_dir = tmp_path / "merged"
     (merged_dir / _bench.PLOT_DIR).mkdir(parents=True)
     (merged_dir / _bench.PLOT_DIR / "results.json").write_text(json.dumps(before))
-    cmd = [sys.executable, "-m", "foldax", "bench", "--quick", "--only", "packed", "--merge"]
+    cmd = [sys.executable, "-m", "foldax", "bench", "--quick", "--only", "precomputed", "--merge"]
     proc = subprocess.run(
-        [*cmd, "--out", str(merged_dir)], capture_output=True, text=True, timeout=600
+        [*cmd, "--out", str(merged_dir)], capture_output=True, text=True, timeout=600, env=TINY_ENV
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = json.loads((merged_dir / _bench.PLOT_DIR / "results.json").read_text())
     assert set(after["workloads"]) == set(before["workloads"])
-    for name in set(before["workloads"]) - {"packed"}:
+    for name in set(before["workloads"]) - {"precomputed"}:
         assert after["workloads"][name] == before["workloads"][name], name
-    assert after["workloads"]["packed"] != before["workloads"]["packed"]
-    assert after["merged"][-1]["workloads"] == ["packed"]
+    assert after["workloads"]["precomputed"] != before["workloads"]["precomputed"]
+    assert after["merged"][-1]["workloads"] == ["precomputed"]
     text = (merged_dir / "BENCHMARKS.md").read_text()
-    assert "packed by `foldax bench --quick --only packed --merge`" in text
+    assert "precomputed by `foldax bench --quick --only precomputed --merge`" in text
     full = subprocess.run(
-        [sys.executable, "-m", "foldax", "bench", "--only", "packed", "--merge", "--out",
+        [sys.executable, "-m", "foldax", "bench", "--only", "precomputed", "--merge", "--out",
          str(merged_dir)], capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert full.returncode != 0 and "holds a quick run" in full.stderr
 
 
+@pytest.mark.slow
 def test_unknown_workload_is_a_clear_error():
     proc = subprocess.run(
         [sys.executable, "-m", "foldax", "bench", "--only", "nope"],

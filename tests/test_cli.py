@@ -23,9 +23,10 @@ def test_unknown_command_is_an_error(capsys):
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end():
-    """`python -m foldax demo` prints the three ways, forward and gradient, with small errors."""
+    """`python -m foldax demo` prints the three ways, forward and gradient, with small errors
+    (vmapped over 2 theta, not the default 10: the same code, a fifth of the work)."""
     out = subprocess.run(
-        [sys.executable, "-m", "foldax", "demo", "ragged", "--repeats", "1"],
+        [sys.executable, "-m", "foldax", "demo", "ragged", "--repeats", "1", "--batch", "2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -43,6 +44,7 @@ def test_demo_runs_end_to_end():
     assert "time / global-max" in out and "(< 1: faster)" in out
 
 
+@pytest.mark.slow
 def test_s4_workload_small():
     """The demo's S4 measurement on a small configuration: every way agrees with complex128."""
     from foldax._tools import workloads as w
@@ -135,6 +137,7 @@ def test_audit_runs_a_good_target(targets, capsys):
     assert "fitted exponent" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_audit_error_from_the_console_has_no_traceback():
     proc = subprocess.run(
         [
@@ -173,6 +176,7 @@ def test_bench_writes_only_where_told(tmp_path, monkeypatch, capsys):
     assert _cli.main(["bench", "--out", str(tmp_path / "file")]) == 2
 
 
+@pytest.mark.slow
 def test_audit_default_sizes_show_the_segment_fold_flat(capsys):
     """The default --sizes are large enough for the segment workload's folds to take several
     steps: temp memory is flat (at 64, 256, 512 it grew with exponent 1.6, all in one step)."""
@@ -187,6 +191,7 @@ def test_audit_default_sizes_show_the_segment_fold_flat(capsys):
     assert "no buffer live at the peak grows with N." in out and "note:" not in out, out
 
 
+@pytest.mark.slow
 def test_audit_at_one_step_sizes_says_they_are_too_small(capsys):
     argv = ["audit", "examples/audit_segment.py:with_foldax", "--sizes", "64,256,512", "--top", "1"]
     assert _cli.main(argv) == 0
@@ -269,6 +274,7 @@ def test_version_is_the_one_in_pyproject():
     assert foldax.__version__ == _pyproject_version()
 
 
+@pytest.mark.slow
 def test_version_flag_prints_versions_and_backend():
     """`foldax --version` from the console: foldax's version, then jax's, jaxlib's and the
     backend on a second line, exit status 0."""

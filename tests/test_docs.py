@@ -43,6 +43,7 @@ def built_site(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_site_builds_warnings_as_errors(built_site):
     for page in ("index", "getting-started", "ragged-logsumexp", "s4-cauchy", "design"):
         assert (built_site / f"{page}.html").exists(), page
@@ -50,12 +51,14 @@ def test_site_builds_warnings_as_errors(built_site):
         assert (built_site / f"{page}.html").exists(), page
 
 
+@pytest.mark.slow
 def test_api_reference_covers_every_public_name(built_site):
     documented = inventory_names(built_site / "objects.inv")
     missing = [n for n in public_names() if n not in documented]
     assert not missing, f"add these to docs/api.md: {missing}"
 
 
+@pytest.mark.slow
 def test_api_reference_renders_math(built_site):
     html = (built_site / "api.html").read_text()
     assert r"\mathrm{out}_s" in html and r"\\mathrm" not in html  # the TeX, as its annotation
@@ -66,6 +69,7 @@ def test_api_reference_renders_math(built_site):
 MATH_PAGES = ("api", "ragged-logsumexp", "s4-cauchy")
 
 
+@pytest.mark.slow
 def test_math_is_mathml_and_nothing_is_fetched(built_site):
     """Every page reads offline: no script or stylesheet from the network (MathJax's CDN was
     one), and every formula is MathML that the browser renders, with no TeX left over."""
@@ -173,6 +177,7 @@ def test_a_strict_build_fails_on_math_it_cannot_render(tmp_path):
     assert "index.rst:" in proc.stderr and r"the command \foo is not known" in proc.stderr
 
 
+@pytest.mark.slow
 def test_quoted_audit_lines_are_current():
     """Every ``file.py:NNN`` in docs/*.md is what the command it is quoted from prints now."""
     sys.path.insert(0, str(DOCS))

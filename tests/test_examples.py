@@ -29,6 +29,7 @@ def test_every_example_is_listed():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(EXPECT))
 def test_example_smoke_run(script):
     needs, expect = EXPECT[script]

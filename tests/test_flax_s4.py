@@ -17,6 +17,8 @@ import flax_s4  # noqa: E402
 import foldax  # noqa: E402
 from foldax.memory import report  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 H, L = 128, 1024
 
 

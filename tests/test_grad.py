@@ -90,6 +90,7 @@ def _fn_inputs_each(rng, names, ids, num_segments):
 # Against jax.vjp of the dense references, same random cotangent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["sizes", "unsorted_ids", "jit_sizes"])
 def test_grad_wrt_data(form, rng):
     part = random_partition(rng, num_segments=8)
@@ -116,6 +117,7 @@ def test_grad_dropped_rows_minimal(name):
     assert g[2] == 0.0, g
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "form",
     [
@@ -144,6 +146,7 @@ def test_grad_out_of_range_ids(form, rng):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["sizes", "unsorted_ids"])
 def test_grad_wrt_closed_over_params(form, rng):
     part = random_partition(rng, num_segments=8)
@@ -166,6 +169,7 @@ def test_grad_wrt_closed_over_params(form, rng):
     _assert_grads_match(pairs, scale)
 
 
+@pytest.mark.slow
 def test_grad_pytree_data_with_fn(rng):
     part = random_partition(rng, num_segments=6)
     a, w = fn_inputs(rng, part.ids, part.num_segments, features=4, outputs=2)
@@ -187,6 +191,7 @@ def test_grad_pytree_data_with_fn(rng):
     _assert_grads_match(pairs, data_scale(a @ w))
 
 
+@pytest.mark.slow
 def test_jit_vmap_grad(rng):
     part = random_partition(rng, num_segments=8)
     batches = [sample(rng, DIFFERENTIABLE, part.ids, part.num_segments) for _ in range(3)]
@@ -216,6 +221,7 @@ def test_jit_vmap_grad(rng):
     _assert_grads_match(pairs, {n: data_scale(x) for n, x in xs.items()})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size", [1, 3, None])
 def test_max_min_gradient_splits_ties(chunk_size, rng):
     """Ties across tiles and steps share the gradient evenly, like jnp.max."""
@@ -241,6 +247,7 @@ def test_max_min_gradient_splits_ties(chunk_size, rng):
         np.testing.assert_array_equal(g[tied], np.float32(1 / 3))
 
 
+@pytest.mark.slow
 def test_grads_finite_with_empty_segments_and_neginf(rng):
     """Nonzero cotangents on empty segments, -inf entries, an all -inf segment: no NaN."""
     sizes = [0, 5, 0, 6, 1, 0, 4]
@@ -262,6 +269,7 @@ def test_grads_finite_with_empty_segments_and_neginf(rng):
         _assert_grads_match(pairs, data_scale(data))
 
 
+@pytest.mark.slow
 def test_vjp_accepts_numpy_cotangent():
     """Regression: a NumPy cotangent (as jax.test_util.check_grads passes) used to fail."""
     x = jnp.arange(4.0, dtype=jnp.float32)
@@ -275,6 +283,7 @@ def test_vjp_accepts_numpy_cotangent():
     check_each(["sum", "logsumexp", "softmax"], check)  # fold and normalize VJPs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["prod", "var", "std"])
 def test_gradient_against_dense(rng, name):
     """Reverse and forward mode against dense jnp, with repeated unsorted ids (and zeros for
@@ -312,6 +321,7 @@ def _select(out, keep):
     return jnp.take(out, jnp.asarray(keep), axis=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DIFFERENTIABLE)
 def test_check_grads_float64(name, seed):
     """Reverse-mode gradients against float64 finite differences (jax.test_util.check_grads)."""
@@ -331,6 +341,7 @@ def test_check_grads_float64(name, seed):
         )
 
 
+@pytest.mark.slow
 def test_check_grads_float32_params(rng):
     """Gradients wrt the closed-over params of fn, float32 finite differences."""
     part = random_partition(rng, num_segments=5, max_size=8)

@@ -44,8 +44,8 @@ def _data(rng, n, feat=(), scale=1.0, shift=0.0):
 
 def _check_second_order(loss, dense, x):
     """Reverse over reverse three ways against the dense twin's Hessian (each jitted: one
-    compilation per derivative)."""
-    want = jax.hessian(dense)(x)
+    compilation per derivative; the twin's too)."""
+    want = jax.jit(jax.hessian(dense))(x)
     scale = float(jnp.max(jnp.abs(want))) + 1.0
     u = jnp.linspace(-1.0, 1.0, x.size, dtype=jnp.float32).reshape(x.shape)
 
@@ -66,6 +66,7 @@ CASES = [(name, "sizes") for name in sorted(SECOND_ORDER)] + [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "how"), CASES)
 def test_segment_reverse_over_reverse(name, how, rng):
     f = op(name)
@@ -87,6 +88,7 @@ def test_segment_reverse_over_reverse(name, how, rng):
     _check_second_order(loss, dense_loss, x)
 
 
+@pytest.mark.slow
 def test_segment_prod_reverse_over_reverse_under_a_linear_loss():
     # The loss is linear in the product: the first gradient's cotangent reaches only the
     # product of the non-zeros, not the result.
@@ -108,6 +110,7 @@ def _sq(a, b):
 PAIRWISE = ["sum", "logsumexp", "max", "min", "max_argmax", "min_argmin", "kmin", "softmax"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", PAIRWISE)
 def test_pairwise_reverse_over_reverse(reduction, rng):
     xs = jnp.asarray(rng.standard_normal((5, 2)).astype(np.float32))
@@ -127,6 +130,7 @@ def test_pairwise_reverse_over_reverse(reduction, rng):
     _check_second_order(loss, dense, xs)
 
 
+@pytest.mark.slow
 def test_cauchy_and_vandermonde_reverse_over_reverse(rng):
     n, length = 4, 6
     v = jnp.asarray((rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64))
@@ -159,6 +163,7 @@ def test_cauchy_and_vandermonde_reverse_over_reverse(rng):
     _check_second_order(lambda t: vander(t, True), lambda t: vander(t, False), theta)
 
 
+@pytest.mark.slow
 def test_reverse_over_reverse_under_vmap_and_jit(rng):
     x = jnp.asarray(rng.standard_normal((3, N)).astype(np.float32))
 
@@ -169,9 +174,11 @@ def test_reverse_over_reverse_under_vmap_and_jit(rng):
         return jnp.sum(jnp.sin(dense("max", v, IDS, len(SIZES))))
 
     got = jax.jit(jax.vmap(jax.jacrev(jax.grad(loss))))(x)
-    assert_allclose(got, jax.vmap(jax.hessian(dense_loss))(x), dtype=np.float32, scale=2.0)
+    want = jax.jit(jax.vmap(jax.hessian(dense_loss)))(x)
+    assert_allclose(got, want, dtype=np.float32, scale=2.0)
 
 
+@pytest.mark.slow
 def test_hessian_and_jvp_of_grad(rng):
     sizes = [30, 70]
     x = jnp.asarray(rng.standard_normal((100, 3)).astype(np.float32))
@@ -183,13 +190,15 @@ def test_hessian_and_jvp_of_grad(rng):
     def dense_loss(t):
         return jnp.sum(dense("logsumexp", x @ t, np.repeat([0, 1], sizes), 2))
 
-    assert_allclose(jax.hessian(loss)(theta), jax.hessian(dense_loss)(theta), dtype=np.float32)
+    # foldax's side runs eagerly (the other tests jit it); the dense references are jitted
+    want = jax.jit(jax.hessian(dense_loss))(theta)
+    assert_allclose(jax.hessian(loss)(theta), want, dtype=np.float32)
     u = jnp.ones(3, jnp.float32)
     got = jax.jvp(jax.grad(loss), (theta,), (u,))[1]
-    want = jax.jvp(jax.grad(dense_loss), (theta,), (u,))[1]
+    want = jax.jit(lambda t: jax.jvp(jax.grad(dense_loss), (t,), (u,))[1])(theta)
     assert_allclose(got, want, dtype=np.float32)
     got = jax.grad(lambda t: jnp.sum(jax.grad(loss)(t) ** 2))(theta)
-    want = jax.grad(lambda t: jnp.sum(jax.grad(dense_loss)(t) ** 2))(theta)
+    want = jax.jit(jax.grad(lambda t: jnp.sum(jax.grad(dense_loss)(t) ** 2)))(theta)
     assert_allclose(got, want, dtype=np.float32, scale=float(jnp.max(jnp.abs(want))))
 
 
@@ -197,6 +206,7 @@ def test_hessian_and_jvp_of_grad(rng):
 # check_grads of order 2, both modes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["prod", "var", "std"])
 def test_check_grads_second_order(rng, name):
     part = random_partition(rng, num_segments=4, max_size=5)
@@ -209,10 +219,11 @@ def test_check_grads_second_order(rng, name):
         return jnp.where(jnp.isnan(out), 0.0, out)
 
     t = tol(np.float32)
-    check_grads(g, (x,), order=2, modes=("fwd", "rev"), eps=t["fd_eps"], atol=t["fd_tol"],
+    check_grads(jax.jit(g), (x,), order=2, modes=("fwd", "rev"), eps=t["fd_eps"], atol=t["fd_tol"],
                 rtol=t["fd_tol"])  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["var", "std"])
 def test_var_gradients_check_grads(rng, name):
     """check_grads (second order, both modes) on moderate values, unsorted repeated ids, small
@@ -227,7 +238,7 @@ def test_var_gradients_check_grads(rng, name):
         return jnp.where(jnp.isnan(out), 0.0, out)
 
     t = tol(np.float32)
-    check_grads(g, (x,), order=2, modes=("fwd", "rev"), eps=t["fd_eps"], atol=t["fd_tol"],
+    check_grads(jax.jit(g), (x,), order=2, modes=("fwd", "rev"), eps=t["fd_eps"], atol=t["fd_tol"],
                 rtol=t["fd_tol"])  # fmt: skip
 
 
@@ -278,12 +289,13 @@ def _prod_call(form, x, rng):
     return (lambda v: foldax.segment_prod(v, pids, s, chunk_size=3)), x[perm], ids[perm]
 
 
+@pytest.mark.slow
 def test_prod_hessian_reproduction():
     """The report: a segment with one zero, Hessian [[0, 3, 2], [0, 0, 0], [0, 0, 0]] (the
     derivative of P / x_j in the zero was lost); jnp.prod's is symmetric."""
     x = jnp.array([0.0, 2.0, 3.0])
     want = np.array([[0.0, 3.0, 2.0], [3.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
-    assert_allclose(jax.hessian(jnp.prod)(x), want, dtype=np.float32)
+    assert_allclose(jax.jit(jax.hessian(jnp.prod))(x), want, dtype=np.float32)
 
     def f(v):
         return foldax.segment_prod(v, sizes=[3]).sum()
@@ -295,6 +307,7 @@ def test_prod_hessian_reproduction():
     assert_allclose(jax.jit(jax.jacrev(jax.grad(f)))(x), want, dtype=np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["sizes", "sorted_ids", "unsorted_ids"])
 @pytest.mark.parametrize("order", list(ORDERS))
 def test_prod_second_derivatives_against_jnp_float64(rng, form, order):
@@ -305,11 +318,12 @@ def test_prod_second_derivatives_against_jnp_float64(rng, form, order):
         x = jnp.asarray(x)
         w = jnp.asarray(PROD_WEIGHTS, jnp.float64)
         got = jax.jit(ORDERS[order](lambda v: jnp.sum(ours(v) * w)))(x)
-        want = ORDERS[order](lambda v: _dense_prod(v, ids, w))(x)
+        want = jax.jit(ORDERS[order](lambda v: _dense_prod(v, ids, w)))(x)
         assert_allclose(got, want, dtype=np.float64, err_msg=order)
         assert np.count_nonzero(np.asarray(want)) > 20  # the zeros' entries are there
 
 
+@pytest.mark.slow
 def test_prod_hessian_under_vmap_float64():
     """A batch of rows with different zeros, vmapped inside and outside the Hessian."""
     with jax.enable_x64(True):
@@ -327,13 +341,14 @@ def test_prod_hessian_under_vmap_float64():
         def ours(v):
             return jnp.sum(foldax.segment_prod(v, jnp.asarray(ids), 2, chunk_size=2) * w)
 
-        want = jax.vmap(jax.hessian(lambda v: _dense_prod(v, ids, w)))(xs)
+        want = jax.jit(jax.vmap(jax.hessian(lambda v: _dense_prod(v, ids, w))))(xs)
         assert_allclose(jax.jit(jax.vmap(jax.hessian(ours)))(xs), want, dtype=np.float64)
         total = jax.hessian(lambda xs: jnp.sum(jax.vmap(ours)(xs)))(xs)
         got = jnp.stack([total[b, :, b, :] for b in range(xs.shape[0])])
         assert_allclose(got, want, dtype=np.float64)
 
 
+@pytest.mark.slow
 def test_prod_third_derivatives_up_to_two_zeros_float64():
     """Third derivatives are exact in segments with at most two zeros (the docstring's claim)."""
     with jax.enable_x64(True):
@@ -342,4 +357,5 @@ def test_prod_third_derivatives_up_to_two_zeros_float64():
         w = jnp.asarray([1.0, -2.0, 0.5], jnp.float64)
         third = lambda f: jax.jacfwd(jax.jacfwd(jax.jacfwd(f)))  # noqa: E731
         got = jax.jit(third(lambda v: jnp.sum(foldax.segment_prod(v, sizes=[4, 3, 3]) * w)))(x)
-        assert_allclose(got, third(lambda v: _dense_prod(v, ids, w))(x), dtype=np.float64)
+        want = jax.jit(third(lambda v: _dense_prod(v, ids, w)))(x)
+        assert_allclose(got, want, dtype=np.float64)

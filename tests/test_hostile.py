@@ -16,6 +16,7 @@ import foldax
 # Half precision accumulates in float32 (as jnp.sum does); results keep the input dtype
 
 
+@pytest.mark.slow
 def test_half_precision_logsumexp_of_many_zeros():
     x = jnp.zeros(100_000, jnp.float16)
     lse = foldax.segment_logsumexp(x, sizes=[100_000])
@@ -36,6 +37,7 @@ def test_bfloat16_sum_does_not_depend_on_chunk_size(chunk_size):
     assert float(got[0]) == float(jnp.asarray(50_000.0, jnp.bfloat16))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_half_precision_gradients_and_forward_mode(dtype, rng):
     x = rng.standard_normal(3000).astype(np.float32) * 3
@@ -55,6 +57,7 @@ def test_half_precision_gradients_and_forward_mode(dtype, rng):
 # Large logits: softmax and the log-sum-exp gradient keep float32's relative precision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", [-1e5, 1e5, -3e4])
 def test_softmax_and_lse_gradient_near_large_logits(shift, rng):
     x = jnp.asarray(rng.standard_normal(1000).astype(np.float32) + np.float32(shift))
@@ -106,6 +109,7 @@ def test_indices_are_sorted_checked_where_the_ids_are_known():
 # shard_map without an enclosing jit
 
 
+@pytest.mark.slow
 def test_shard_map_without_jit_forward_and_gradient():
     mesh = jax.make_mesh((1,), ("x",))
     spec = jax.sharding.PartitionSpec("x")
@@ -124,6 +128,7 @@ def test_shard_map_without_jit_forward_and_gradient():
 # jax.export
 
 
+@pytest.mark.slow
 def test_export_serializes_with_gradients():
     from jax import export
 
@@ -200,6 +205,7 @@ def _attention_reference(q, k, v):
     return pairwise_reference("softmax", (logits, vals))
 
 
+@pytest.mark.slow
 def test_mixed_precision_attention(rng):
     q, k = (jnp.asarray(rng.standard_normal((40, 8)), jnp.float32) for _ in range(2))
     v = jnp.asarray(rng.standard_normal((40, 8)), jnp.bfloat16)
@@ -220,6 +226,7 @@ def test_mixed_precision_attention(rng):
     assert_allclose(gv, want_v, dtype=jnp.bfloat16, scale=10)
 
 
+@pytest.mark.slow
 def test_attention_values_as_a_pytree(rng):
     q, k, v = (jnp.asarray(rng.standard_normal((30, 4)), jnp.float32) for _ in range(3))
 
@@ -250,6 +257,7 @@ def test_attention_values_as_a_pytree(rng):
 # Empty inputs give the reduction's identity
 
 
+@pytest.mark.slow
 def test_empty_pairwise_and_s4_kernels():
     x = jnp.ones((6, 3))
     dot = lambda a, b: jnp.sum(a * b)  # noqa: E731
@@ -303,6 +311,7 @@ def test_memory_module_exports_its_api_only():
     assert public == set(foldax.memory.__all__)
 
 
+@pytest.mark.slow
 def test_s4_kernels_mix_real_and_complex_inputs_under_strict_promotion():
     v = jnp.asarray([1.0, 2.0], jnp.float32)  # real residues, complex poles and nodes
     w, z = jnp.asarray([-1.0 + 1j, -2.0], jnp.complex64), jnp.asarray([0j, 1j], jnp.complex64)
@@ -328,6 +337,7 @@ def _dropout(key, x, idx, fold):
     return jnp.stack([jax.nn.logsumexp(v, axis=0) for v in jnp.split(fn((x, idx)), 2)])
 
 
+@pytest.mark.slow
 def test_fn_with_a_closed_over_key_and_per_row_keys(rng):
     x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
     idx = jnp.arange(20)
@@ -348,6 +358,7 @@ def test_fn_with_a_closed_over_key_and_per_row_keys(rng):
     assert_allclose(got, want, dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
     x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
     keys = jax.random.split(jax.random.key(0), 20)
@@ -378,6 +389,7 @@ def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
 # vmap over an empty batch gives an empty result, as plain JAX does
 
 
+@pytest.mark.slow
 def test_vmap_over_an_empty_batch():
     seg = jax.vmap(lambda x: foldax.segment_sum(x, sizes=[2, 3]))(jnp.ones((0, 5)))
     assert seg.shape == (0, 2)
@@ -399,9 +411,12 @@ def test_vmap_over_an_empty_batch():
     assert jax.jit(jax.vmap(lambda v: foldax.vandermonde(v, w, 6)))(v).shape == (0, 6)
 
 
+@pytest.mark.slow
 def test_users_who_forbid_rank_promotion(rng):
     """A codebase that sets ``jax_numpy_rank_promotion="raise"`` can call every family, with
-    its derivatives and under ``vmap``: foldax's own code broadcasts only explicitly."""
+    its derivatives and under ``vmap``: foldax's own code broadcasts only explicitly. The
+    transformed calls are jitted (one compilation each; the check happens while tracing, the
+    same eagerly), and conftest.py sets "raise" for every test of the suite, eager ones too."""
     x = jnp.asarray(rng.standard_normal((50, 3)), jnp.float32)
     ids = jnp.asarray(np.sort(rng.integers(0, 5, 50)), jnp.int32)
     sizes = [10, 0, 15, 25]
@@ -414,20 +429,22 @@ def test_users_who_forbid_rank_promotion(rng):
     with jax.numpy_rank_promotion("raise"):
         for f in (foldax.segment_sum, foldax.segment_max, foldax.segment_logsumexp,
                   foldax.segment_var, foldax.segment_softmax, foldax.segment_argmax):  # fmt: skip
-            jax.vmap(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t)))(jnp.ones((4, 3)))
+            jax.jit(jax.vmap(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t))))(
+                jnp.ones((4, 3))
+            )
             jax.jit(lambda a, f=f: f(a, ids, 5, indices_are_sorted=True))(x)
             f(x[:, 0], jnp.asarray(rng.integers(0, 5, 50), jnp.int32), 5)
             if f is not foldax.segment_argmax:
                 loss = lambda t, f=f: jnp.sum(f(x, sizes=sizes, fn=lambda r: fn(r, t)) ** 2)  # noqa: E731
-                jax.grad(loss)(t)
-                jax.jacfwd(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t)))(t)
+                jax.jit(jax.grad(loss))(t)
+                jax.jit(jax.jacfwd(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t))))(t)
         for red, kw in (("sum", {}), ("min", {}), ("argmin", {}), ("min_argmin", {}),
                         ("kmin", {"k": 3}), ("logsumexp", {})):  # fmt: skip
             first = lambda q, red=red, kw=kw: jax.tree.leaves(  # noqa: E731
                 foldax.pairwise_reduce(sq, q, p, reduction=red, mask=lambda i, j: i >= j, **kw)
             )[0]
-            first(p)
+            jax.jit(first)(p)
             if red not in ("argmin",):
-                jax.grad(lambda q, first=first: jnp.sum(first(q).astype(jnp.float32)))(p)
-        jax.grad(lambda v: jnp.sum(jnp.abs(foldax.cauchy(v, z, w))))(w)
-        jax.grad(lambda v: jnp.sum(jnp.abs(foldax.vandermonde(v, w, 16))))(w)
+                jax.jit(jax.grad(lambda q, first=first: jnp.sum(first(q).astype(jnp.float32))))(p)
+        jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.cauchy(v, z, w)))))(w)
+        jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.vandermonde(v, w, 16)))))(w)

@@ -124,6 +124,7 @@ def test_traced_sorted_uint8_ids_covering_all_256_values_repro():
     assert_allclose(f(x, ids), np.ones(256), dtype=np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("dtype", "s"), [(np.uint8, 256), (np.int8, 200)], ids=["uint8-256", "int8-200"]
 )

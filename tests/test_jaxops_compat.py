@@ -75,6 +75,7 @@ def _np_reduce(op, identity, data, ids, num_segments):
 _CASES = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", JAXOPS)
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_])
 @pytest.mark.parametrize("shape", [(8,), (7, 4), (6, 4, 2)])
@@ -103,6 +104,7 @@ def test_segment_reduce_cases(rng, name, dtype, shape):
                 assert_allclose(jitted, want, dtype=np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", JAXOPS)
 def test_every_mode_on_random_ids(rng, name):
     """Negative and too-large ids, positional hints, every mode: jax.ops' values, with static and
@@ -124,6 +126,7 @@ def test_every_mode_on_random_ids(rng, name):
         assert_allclose(ours(data, srt, s, True, mode=mode), want, dtype=np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ("sum", "max", "min"))
 def test_gradients_match_jax_ops(rng, name):
     """Gradients of sum / max / min (no ties) with out-of-range ids and every mode but
@@ -146,6 +149,7 @@ def test_gradients_match_jax_ops(rng, name):
         assert_allclose(g_ours, g_theirs, dtype=np.float32, err_msg=str(mode))
 
 
+@pytest.mark.slow
 def test_segment_prod_gradient_unique_ids_matches_jax_ops(rng):
     """jax.ops.segment_prod differentiates only with unique ids: there, the same gradient."""
     data = jnp.asarray(rng.standard_normal(10) + 2.0, jnp.float32)

@@ -119,6 +119,7 @@ def test_segment_softmax(jraph, nan_row):
         _close(ours, jraph.segment_softmax(data, ids, 6))
 
 
+@pytest.mark.slow
 def test_partition_softmax(jraph):
     # foldax takes floating logits (jraph's case has integers): cast first
     logits, parts = jnp.arange(9, dtype=F32), jnp.array([3, 2, 4])
@@ -202,12 +203,13 @@ LOGITS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("logits", list(LOGITS))
 def test_attention_graph_network(jraph, rng, logits):
     graph = _graph(jraph, rng)
     ours = _attention_network(jraph, foldax, LOGITS[logits])
     theirs = _attention_network(jraph, jraph, LOGITS[logits])
-    want = theirs(graph)
+    want = jax.jit(theirs)(graph)  # the reference, jitted: one compilation (foldax's: both)
     assert np.isfinite(want.nodes).all() and want.globals.shape == (3, 17)
     for out in (ours(graph), jax.jit(ours)(graph)):
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
@@ -221,7 +223,9 @@ def test_attention_graph_network(jraph, rng, logits):
         return jnp.sum(out.nodes**2) + jnp.sum(jnp.where(jnp.isfinite(out.globals), out.globals, 0))
 
     grads = jax.grad(functools.partial(loss, ours), argnums=(0, 1))(graph.nodes, graph.edges)
-    want = jax.grad(functools.partial(loss, theirs), argnums=(0, 1))(graph.nodes, graph.edges)
+    want = jax.jit(jax.grad(functools.partial(loss, theirs), argnums=(0, 1)))(
+        graph.nodes, graph.edges
+    )
     for a, b in zip(grads, want, strict=True):
         _close(a, b)
 
@@ -257,6 +261,7 @@ def _mean_cases(rng):
     return x, ids, [2, 0, 3, 0, 2, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["ids", "traced_ids", "sizes", "offsets", "fn"])
 def test_mean_of_empty_segments(rng, form):
     x, ids, sizes = _mean_cases(rng)
@@ -286,6 +291,7 @@ def test_mean_of_empty_segments(rng, form):
     _close(jax.vmap(jax.grad(lambda v: jnp.sum(call(v))))(batch), np.stack([g_sum, g_sum]))
 
 
+@pytest.mark.slow
 def test_mean_empty_value(jraph, rng):
     """``empty=`` sets the value of an empty segment only; NaN's gradient still reaches no one."""
     x, ids, _ = _mean_cases(rng)
@@ -348,6 +354,7 @@ def test_broadcast_data_as_jax_ops(rng, name, shape):
         _close(out, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sum", "mean", "max", "softmax"])
 def test_broadcast_scalar_forms(rng, name):
     """A Python number, static sizes / offsets, ``vmap`` over the scalar, and its gradient."""

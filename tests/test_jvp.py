@@ -51,6 +51,7 @@ def _fd_jacobian(f, theta, h=1e-6):
 # Segment reductions
 
 
+@pytest.mark.slow
 def test_segment_forward_mode_matches_float64(rng):
     """jacfwd, jvp and linearize wrt the params of ``fn``, every differentiable reduction in one
     program, against central differences of the float64 reference."""
@@ -89,6 +90,7 @@ def test_segment_forward_mode_matches_float64(rng):
     check_each(DIFFERENTIABLE, check)
 
 
+@pytest.mark.slow
 def test_segment_jacfwd_wrt_data_and_unsorted_ids(rng):
     """jacfwd wrt the data, unsorted ids, every differentiable reduction in one program, against
     jacfwd of the dense reference."""
@@ -107,6 +109,7 @@ def test_segment_jacfwd_wrt_data_and_unsorted_ids(rng):
     check_each(DIFFERENTIABLE, lambda n: assert_allclose(jac[n], want[n], dtype=np.float32))
 
 
+@pytest.mark.slow
 def test_segment_index_reductions_have_zero_tangents(rng):
     """argmax / argmin under jvp: their indices, and a float0 (symbolic zero) tangent."""
     sizes = [5, 0, 1, 14]
@@ -144,7 +147,10 @@ def _expected(reduction, x, y):
     return pairwise_reference(reduction, -d if reduction == "logsumexp" else d)
 
 
-@pytest.mark.parametrize("reduction", PAIRWISE)
+@pytest.mark.parametrize(
+    "reduction",
+    [pytest.param(r, marks=pytest.mark.slow) if r in ("softmax", "kmin") else r for r in PAIRWISE],
+)
 def test_pairwise_forward_mode_matches_float64(reduction, rng):
     x = rng.standard_normal((6, 2)).astype(np.float32)
     y = rng.standard_normal((23, 2)).astype(np.float32)
@@ -178,6 +184,7 @@ def test_pairwise_argmin_has_zero_tangent(rng):
     assert out.dtype == jnp.int32 and tan.dtype == jax.dtypes.float0
 
 
+@pytest.mark.slow
 def test_cauchy_and_vandermonde_jvp_match_complex128(rng):
     c = lambda *s: (rng.standard_normal(s) + 1j * rng.standard_normal(s)).astype(np.complex64)  # noqa: E731
     v, w, dv, dw = c(3, 7), c(3, 7) - 2, c(3, 7), c(3, 7)

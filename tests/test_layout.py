@@ -16,6 +16,7 @@ SRC = ROOT / "src" / "foldax"
 TOOL_SURFACE = {"__main__.py", "workloads.py"}
 
 
+@pytest.mark.slow
 def test_the_library_never_imports_the_tools():
     code = (
         "import sys, foldax, foldax.memory, jax.numpy as jnp\n"
@@ -43,6 +44,7 @@ def test_examples_and_docs_use_public_names():
             assert not private.search(line), f"{path.name}:{n}: {line.strip()}"
 
 
+@pytest.mark.slow
 def test_lint_and_format_are_clean():
     """``ruff check`` and ``ruff format --check`` over the sources, tests, docs and examples."""
     ruff = Path(sys.executable).with_name("ruff")

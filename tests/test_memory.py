@@ -83,6 +83,7 @@ def _fwd_bwd(red, sizes):
     return fwd, jax.grad(loss, argnums=(0, 1)), theta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("red", REDUCTIONS, ids=lambda f: f.__name__)
 def test_temp_memory_flat_in_n(red):
     """Forward and backward temp bytes do not grow with the reduced dimension N."""
@@ -105,6 +106,7 @@ def test_temp_memory_flat_in_n(red):
         assert f8 < 160_000 * 4 / 4, figures
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("red", sorted(PER_ROW, key=lambda f: f.__name__), ids=lambda f: f.__name__)
 def test_per_row_gradient_wrt_parameters_flat_in_n(red):
     """The gradient of a segment softmax with respect to fn's parameters writes nothing per row."""
@@ -121,6 +123,7 @@ def test_per_row_gradient_wrt_parameters_flat_in_n(red):
     assert temps[160_000] <= 1.1 * temps[20_000] + 4096, temps
 
 
+@pytest.mark.slow
 def test_temp_memory_flat_with_traced_sizes_and_ids():
     def with_sizes(x, sizes):
         return foldax.segment_logsumexp(x, sizes=sizes, chunk_size=1024)
@@ -159,6 +162,7 @@ def seed_memory():
     return out
 
 
+@pytest.mark.slow
 def test_seed_workload_memory_targets(seed_memory):
     base_f, base_b = seed_memory[1, "global-max segment_sum"]
     fx_f, fx_b = seed_memory[1, "foldax"]
@@ -166,6 +170,7 @@ def test_seed_workload_memory_targets(seed_memory):
     assert fx_b * 50 <= base_b, seed_memory
 
 
+@pytest.mark.slow
 def test_seed_workload_memory_flat_at_10x(seed_memory):
     fx_f, fx_b = seed_memory[1, "foldax"]
     fx10_f, fx10_b = seed_memory[10, "foldax"]

@@ -183,6 +183,7 @@ def _run_all(kernel, x, y, reductions, block_size, k=None):
 ALL_SCALAR = (*FLOAT_REDUCTIONS, *INDEX_REDUCTIONS, "kmin")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "block_size",
     [(8, 16), 64, None, (1, 5)],
@@ -195,6 +196,7 @@ def test_all_reductions_integer_data_with_ties(block_size, rng):
     _check_all(outs, np_tree(x, y), 7, err=f"block_size={block_size}")
 
 
+@pytest.mark.slow
 def test_all_reductions_continuous_data(rng):
     x, y = normal_tree(rng)
     y[1][:] *= 10.0  # larger offsets: logsumexp is dominated by a few columns
@@ -202,6 +204,7 @@ def test_all_reductions_continuous_data(rng):
     _check_all(outs, np_tree(x, y), 5, exact=False)
 
 
+@pytest.mark.slow
 def test_array_output(rng):
     """Kernel output ``F = (2,)``: every reduction (except kmin) per feature."""
     x = rng.integers(-2, 3, (M, 3)).astype(F32)
@@ -226,6 +229,7 @@ def test_complex_sum(block_size, rng):
     )
 
 
+@pytest.mark.slow
 def test_nan_entries(rng):
     """NaN counts as the extreme for argmax/argmin (first NaN wins), propagates through
     sum/logsumexp/max/min and sorts last (stably, by index) in kmin, like NumPy."""
@@ -245,6 +249,7 @@ def test_nan_entries(rng):
     _check_all(outs, d, 8)
 
 
+@pytest.mark.slow
 def test_kmin_full_sort_and_k_larger_than_block(rng):
     x, y = integer_tree(rng)
     d = np_tree(x, y)
@@ -263,6 +268,7 @@ def test_kmin_full_sort_and_k_larger_than_block(rng):
         np.testing.assert_array_equal(vals, ref_vals, err_msg=f"k={n}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 5, 32])
 def test_kmin_over_many_tiles_ties_and_nan(rng, k):
     """k-min over many tiles (the k-th best filters them) is exact: a stable sort by (NaN last,
@@ -306,6 +312,7 @@ def test_kmin_hit_counts_exact(rng, t):
     np.testing.assert_array_equal(np.asarray(colsum), (hit * np.arange(t)).sum(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, block", [(1, None), (5, None), (64, None), (5, (64, 700))])
 def test_kmin_many_tiles_inf_nan_and_mask(rng, k, block):
     """k-min over many tiles (the default 256 wide, and wider ones, counted in chunks), where
@@ -340,6 +347,7 @@ def test_kmin_many_tiles_inf_nan_and_mask(rng, k, block):
     assert_allclose(vals, ref_vals, dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_extremum_on_its_preferred_block(rng):
     """min / max / argmin / argmax on the planner's block for them ((8, 1024): a clamped last
     block of y) with ties, NaN (first NaN wins, also in the clamped block) and NaN-only rows;
@@ -384,6 +392,7 @@ def test_integer_kernel_argmin_max(rng):
         np.testing.assert_array_equal(out, pairwise_reference(r, d), err_msg=r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_half_precision_kmin_ties(rng, dtype):
     """k-min of a half-precision kernel over the default tiles: small whole numbers (exact in
@@ -404,6 +413,7 @@ def test_half_precision_kmin_ties(rng, dtype):
     np.testing.assert_array_equal(np.asarray(vals, np.float32), ref_vals)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 @pytest.mark.parametrize("m, n, block", [(M, N, (8, 16)), (200, 3000, None)])
 def test_integer_kernel_kmin(rng, m, n, block):
@@ -420,6 +430,7 @@ def test_integer_kernel_kmin(rng, m, n, block):
     np.testing.assert_array_equal(vals, ref_vals)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vshape", [(), (3,)])
 def test_softmax(vshape, rng):
     """Exact attention ``sum_j softmax_j(logit) value_j``, value scalar or ``(3,)``."""
@@ -502,6 +513,7 @@ def test_weighted_logsumexp_matches_float64(rng, m, n, block):
     assert_allclose(got, _weighted_reference(x, y, w), dtype=np.float32, scale=20)
 
 
+@pytest.mark.slow
 def test_weighted_logsumexp_gradients(rng):
     x = rng.standard_normal((12, 2)).astype(np.float32)
     y = rng.standard_normal((40, 2)).astype(np.float32)
@@ -510,7 +522,7 @@ def test_weighted_logsumexp_gradients(rng):
     def f(x, w):
         return foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
 
-    check_grads(f, (x, w), order=2, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2)
+    check_grads(jax.jit(f), (x, w), order=2, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2)
     # at a zero weight the derivative is exp(l - out): finite, not NaN
     w0 = w.copy()
     w0[5] = 0.0
@@ -520,6 +532,7 @@ def test_weighted_logsumexp_gradients(rng):
     assert_allclose(gw, want, dtype=np.float32, scale=10)
 
 
+@pytest.mark.slow
 def test_weighted_logsumexp_of_all_zero_weights_is_minus_inf_with_zero_gradients():
     x, y = jnp.ones((3, 2)), jnp.zeros((5, 2))
     w = jnp.zeros(5)
@@ -543,6 +556,7 @@ def test_weighted_logsumexp_of_all_zero_weights_is_minus_inf_with_zero_gradients
 # min / max with their index in one pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("is_max", [False, True])
 def test_extremum_with_index_in_one_pass(rng, is_max):
     x = rng.standard_normal((33, 3)).astype(np.float32)
@@ -594,6 +608,7 @@ MASKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MASKS))
 @pytest.mark.parametrize("block", [None, (8, 16), (5, 7)])
 def test_masked_attention_matches_dense(rng, name, block):
@@ -617,7 +632,16 @@ def test_masked_attention_matches_dense(rng, name, block):
         assert_allclose(a, b, dtype=np.float32, scale=10)
 
 
-@pytest.mark.parametrize("reduction", ["sum", "logsumexp", "min", "argmin", "min_argmin"])
+@pytest.mark.parametrize(
+    "reduction",
+    [
+        pytest.param("sum", marks=pytest.mark.slow),
+        pytest.param("logsumexp", marks=pytest.mark.slow),
+        "min",
+        "argmin",
+        "min_argmin",
+    ],
+)
 def test_masked_reductions_match_dense(rng, reduction):
     x = rng.standard_normal((40, 2)).astype(np.float32)
     y = rng.standard_normal((60, 2)).astype(np.float32)
@@ -709,6 +733,7 @@ def _assert_grads_close(got, want, err):
         assert_allclose(g, r, dtype=F32, scale=10 * data_scale(r), err_msg=f"{err} d/d{path}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [(8, 16)])
 def test_grads_vs_dense(block_size, rng):
     """Gradients wrt pytree x, pytree y and a closed-over parameter, every float reduction."""
@@ -735,6 +760,7 @@ def test_grads_vs_dense(block_size, rng):
     check_each(reds, lambda r: _assert_grads_close(got[r], want[r], r))
 
 
+@pytest.mark.slow
 def test_grads_array_output_and_complex(rng):
     """``F = (2,)`` outputs (every float reduction) and a complex kernel (sum)."""
     x = rng.standard_normal((M, 3)).astype(F32)
@@ -779,6 +805,7 @@ def test_grads_array_output_and_complex(rng):
     check_each(list(got), check)
 
 
+@pytest.mark.slow
 def test_grad_max_ties_split_evenly():
     """Rows of y attaining the max share its gradient evenly (like jnp.max), across tiles."""
     x = jnp.asarray([[0.5], [3.0]], jnp.float32)
@@ -800,6 +827,7 @@ def test_grad_max_ties_split_evenly():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_check_grads_float64(rng):
     """Reverse-mode gradients of every float reduction (one program) against float64 finite
     differences (jax.test_util.check_grads)."""
@@ -831,6 +859,7 @@ def test_check_grads_float64(rng):
         )
 
 
+@pytest.mark.slow
 def test_grad_with_integer_closure_and_unused_inputs(rng):
     """A closed-over int array (a tracer under jit) and an x leaf the kernel ignores."""
     x = {
@@ -868,6 +897,7 @@ def test_grad_with_integer_closure_and_unused_inputs(rng):
 # Transformations
 
 
+@pytest.mark.slow
 def test_transformations(rng):
     """jit, vmap over x, vmap over a closed-over parameter, nested vmap, jit(vmap(grad))."""
     b = 3
@@ -932,6 +962,7 @@ def _sqdist(a, b):
     return -jnp.sum((a - b) ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["sum", "logsumexp"])
 def test_memory_independent_of_m_times_n(reduction):
     """Temp memory is O(tile + M + N), forward and backward: 16x the pairs, ~ the same bytes."""
@@ -956,6 +987,7 @@ def test_memory_independent_of_m_times_n(reduction):
         assert big < dense_bytes / 256, (which, temps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["argmin", "kmin"])
 def test_memory_nearest_flat_in_n(reduction):
     """argmin and k-min (k = 5; its values' gradient too) stay O(tile + M + N) as N grows 4x."""
@@ -980,6 +1012,7 @@ def test_memory_nearest_flat_in_n(reduction):
         assert temps[32768] < DEFAULT_BUDGET, (which, temps)
 
 
+@pytest.mark.slow
 def test_weighted_logsumexp_memory_flat_in_n():
     def temp(n):
         c = jax.ShapeDtypeStruct
@@ -993,6 +1026,7 @@ def test_weighted_logsumexp_memory_flat_in_n():
         assert b <= 1.15 * s + 64 * 16384, (small, big)  # + O(N) cotangent of the weights
 
 
+@pytest.mark.slow
 def test_extremum_with_index_memory_flat_in_n():
     def temp(n):
         c = jax.ShapeDtypeStruct
@@ -1008,6 +1042,7 @@ def test_extremum_with_index_memory_flat_in_n():
         assert b <= 1.15 * s + 2 * 12 * (16384 - 4096), (small, big)
 
 
+@pytest.mark.slow
 def test_masked_tiles_are_skipped_and_memory_stays_flat():
     """Masked attention's temp memory, forward and backward, is the unmasked one's plus a
     bounded amount (the blocks to visit are listed at most 2^20 mask cells at a time), whatever
@@ -1189,6 +1224,7 @@ def test_error_block_size_wrong_length(bs):
         foldax.pairwise_reduce(_dot, _x(), _y(), block_size=bs)
 
 
+@pytest.mark.slow
 def test_attention_gemm_path_matches_dense(rng):
     """A dot-product kernel whose values ignore x (attention) takes the P @ V GEMM path; values
     and gradients for q, k, v match dense softmax attention, with ragged blocks."""

@@ -122,6 +122,7 @@ def _check_kmin(d, outs):
 # k-min
 
 
+@pytest.mark.slow
 def test_kmin_int32_max_everywhere():
     """The report: every value int32 max (a common "unreachable" marker) took the value for an
     empty slot, and every row came back with indices [0, 0, 1]."""
@@ -141,6 +142,7 @@ def test_kmin_int32_max_everywhere():
     np.testing.assert_array_equal(np.asarray(vals), np.full((6, 3), big, np.int32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
 def test_kmin_hamming(rng, dtype):
     """The report: k-min of a Hamming distance (population_count of an unsigned xor) raised an
@@ -172,6 +174,7 @@ def test_kmin_hamming(rng, dtype):
     np.testing.assert_array_equal(np.asarray(arg), np.asarray(outs[1][1][:, 0]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", INTS, ids=lambda t: np.dtype(t).name)
 def test_kmin_integers_at_their_ends(rng, dtype):
     m, n = 37, 300
@@ -179,6 +182,7 @@ def test_kmin_integers_at_their_ends(rng, dtype):
     _check_kmin(d, _kmin_cases(d, n))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", INTS_X64, ids=lambda t: np.dtype(t).name)
 def test_kmin_64bit_integers_at_their_ends(rng, dtype):
     m, n = 37, 300
@@ -187,6 +191,7 @@ def test_kmin_64bit_integers_at_their_ends(rng, dtype):
         _check_kmin(d, _kmin_cases(d, n))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda t: np.dtype(t).name)
 def test_kmin_floats_inf_nan_and_empty_slots(rng, dtype):
     """+inf before NaN, NaN last (by index), empty slots (NaN, int32 max) after them all."""
@@ -195,12 +200,14 @@ def test_kmin_floats_inf_nan_and_empty_slots(rng, dtype):
     _check_kmin(d, _kmin_cases(d, n))
 
 
+@pytest.mark.slow
 def test_kmin_float64_inf_nan_and_empty_slots(rng):
     with jax.enable_x64(True):
         d = float_matrix(rng, np.float64, 37, 300)
         _check_kmin(d, _kmin_cases(d, 300))
 
 
+@pytest.mark.slow
 def test_kmin_many_default_tiles_at_int32_max(rng):
     """Over many default tiles, rows whose k-th best is a real int32 max: later entries at the
     max lose to it (ties by index), the few below it win, wherever they come."""
@@ -253,6 +260,7 @@ def _check_args(d):
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", INTS, ids=lambda t: np.dtype(t).name)
 def test_arg_extremum_integers_at_their_ends(rng, dtype):
     """argmin of a row all at iinfo.max, argmax of one all at iinfo.min: the first index (not
@@ -262,6 +270,7 @@ def test_arg_extremum_integers_at_their_ends(rng, dtype):
     _check_args(d)
 
 
+@pytest.mark.slow
 def test_arg_extremum_64bit_integers_at_their_ends(rng):
     with jax.enable_x64(True):
         for dtype in INTS_X64:
@@ -270,6 +279,7 @@ def test_arg_extremum_64bit_integers_at_their_ends(rng):
             _check_args(d)
 
 
+@pytest.mark.slow
 def test_arg_extremum_floats_inf_nan(rng):
     d = float_matrix(rng, np.float32, 37, 300)
     d[4] = -np.inf
@@ -334,6 +344,7 @@ def test_reduction_and_k_errors(case):
         assert w in msg, f"{w!r} not in {msg!r}"
 
 
+@pytest.mark.slow
 def test_k_numpy_int_and_no_rows():
     vals, idx = foldax.pairwise_reduce(_dot, X, Y, reduction="kmin", k=np.int64(2))
     assert vals.shape == idx.shape == (4, 2)
@@ -341,6 +352,7 @@ def test_k_numpy_int_and_no_rows():
         foldax.pairwise_reduce(_dot, X, Y[:0], reduction="kmin", k=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 3, 5, 8, 9])
 def test_kmin_topk_merge_over_many_tiles_and_blocks(rng, k):
     """Rows with one, two or many candidates per tile (ties, +inf, NaN, a mask), narrow tiles

@@ -6,6 +6,7 @@ import itertools
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from helpers import (
     SHIFTS,
     Partition,
@@ -20,6 +21,8 @@ from helpers import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+pytestmark = pytest.mark.slow  # hypothesis compiles a program per drawn shape
 
 NAMES = ("logsumexp", "sum")
 

@@ -49,6 +49,7 @@ F32 = np.float32
 # Values against the reference, every partition form
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_matches_reference(form, rng):
     part = random_partition(rng, num_segments=12, max_size=20)
@@ -62,6 +63,7 @@ def test_matches_reference(form, rng):
     expect_each(outs, x, ids, s, err_msg=f"sizes={part.sizes.tolist()}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("chunk_size", "form"),
     [
@@ -87,6 +89,7 @@ def test_chunk_sizes(chunk_size, form, rng):
     expect_each(f(jnp.asarray(x)), x, ids, s)
 
 
+@pytest.mark.slow
 def test_one_long_segment_many_steps(rng):
     """One segment spanning hundreds of steps: the running state is merged many times."""
     x = rng.standard_normal(1000).astype(F32)
@@ -95,6 +98,7 @@ def test_one_long_segment_many_steps(rng):
     expect_each(outs, x, np.zeros(1000), 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["sizes", "jit_unsorted_ids"])
 def test_trailing_feature_dims(form, rng):
     part = random_partition(rng, num_segments=9)
@@ -109,6 +113,7 @@ def test_trailing_feature_dims(form, rng):
     expect_each(outs, x, ids, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["sizes", "unsorted_ids", "jit_sorted_ids"])
 def test_fn_closing_over_params(form, rng):
     part = random_partition(rng, num_segments=9)
@@ -126,6 +131,7 @@ def test_fn_closing_over_params(form, rng):
     expect_each(outs, x.astype(np.float64) @ w.astype(np.float64), ids, s)
 
 
+@pytest.mark.slow
 def test_pytree_data_with_fn(rng):
     part = random_partition(rng, num_segments=9)
     data = {
@@ -149,6 +155,7 @@ def test_pytree_data_with_fn(rng):
     expect_each(outs, values, part.ids, part.num_segments)
 
 
+@pytest.mark.slow
 def test_eager_matches_jit(rng):
     """Outside jit (each call compiles its own loop) the results are the same."""
     part = random_partition(rng, num_segments=5, max_size=6)
@@ -200,6 +207,7 @@ def test_small_int_dtypes(name, dtype, rng):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_half_precision(dtype, rng):
     """The result keeps the (low) precision of the data and is accurate to it."""
@@ -216,6 +224,7 @@ def test_half_precision(dtype, rng):
     check_each(ALL, check)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_half_precision_mean_does_not_overflow(dtype):
     """A float16 sum of 70000 ones overflows (max 65504); the mean accumulates in float32."""
@@ -228,6 +237,7 @@ def test_half_precision_mean_does_not_overflow(dtype):
     np.testing.assert_allclose(np.asarray(g[:3], np.float32), 1 / 3, rtol=tol(dtype)["rtol"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_half_precision_accumulates_in_float32(rng, dtype):
     part = random_partition(rng, num_segments=5, max_size=400)
@@ -240,6 +250,7 @@ def test_half_precision_accumulates_in_float32(rng, dtype):
         assert_allclose(got, want, dtype=dtype, err_msg=name)
 
 
+@pytest.mark.slow
 def test_bool_max_min_and_complex_mean(rng):
     b = rng.random(30) > 0.5
     ids = rng.integers(-1, 6, size=30).astype(np.int32)
@@ -265,6 +276,7 @@ def test_bool_max_min_and_complex_mean(rng):
 # prod, var / std, argmax / argmin
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_more_values_against_float64(rng, form):
     """prod, var, std, argmax, argmin with trailing features, empty and size-1 segments, in
@@ -295,6 +307,7 @@ def test_var_ddof_and_small_segments(rng, ddof):
         assert_allclose(got, reference(name, x, ids, 5, ddof=ddof), dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_var_is_stable_at_large_mean(rng):
     """Mean 1e4, unit spread: float32 within 1e-3 relative of float64 (E[x^2]-E[x]^2 is off by
     ~100%); measured ~1e-6."""
@@ -312,6 +325,7 @@ def test_var_is_stable_at_large_mean(rng):
     assert (np.abs(got[ok] - want[ok]) / want[ok]).max() < 1e-3
 
 
+@pytest.mark.slow
 def test_argmax_ties_nan_and_ints():
     x = jnp.array([3.0, 1.0, 3.0, np.nan, 2.0, np.nan, 5.0, 5.0])
     ids = jnp.array([0, 0, 0, 1, 1, 1, 3, 3])

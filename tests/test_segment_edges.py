@@ -42,6 +42,7 @@ F32 = np.float32
 # Empty segments, no rows, no segments
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sizes", [[0, 1, 0, 0, 3, 0, 1], [0, 0, 5, 0], [1]], ids=["mixed", "one_nonempty", "single_row"]
 )
@@ -121,6 +122,7 @@ def test_empty_segment_sum_is_positive_zero():
 # NaN, +-inf and underflowing entries
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk_size", [7, None])
 def test_nan_stays_in_its_segment(chunk_size, rng):
     """The default chunk makes steps wide (XLA:CPU's wide reduce-max used to drop the NaN)."""
@@ -249,6 +251,7 @@ def test_out_of_range_ids_dropped(form, rng):
     assert np.isnan(out[0]) and np.isnan(out[4]) and out[3] == 1.0
 
 
+@pytest.mark.slow
 def test_all_ids_out_of_range(rng):
     x = rng.standard_normal(6).astype(F32)
     cases = [
@@ -263,6 +266,7 @@ def test_all_ids_out_of_range(rng):
         expect_each(outs, x, ids, 3, err_msg=f"ids={ids} {form}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("form", "chunk_size"),
     [("sizes", None), ("jit_sizes", 64), ("jit_offsets", None), ("jit_sorted_ids", 64)],
@@ -278,6 +282,7 @@ def test_large_tiles(form, chunk_size, rng):
     expect_each(f(jnp.asarray(x)), x, part.ids, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int8, np.float32])
 def test_segment_arg_extremum_at_the_ends(rng, dtype):
     """segment_argmin of data all at the dtype's highest value (iinfo.max, +inf), segment_argmax
@@ -368,6 +373,7 @@ def _huge_data(rng):
     return np.concatenate(parts).astype(np.float32), [len(p) for p in parts]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["var", "std"])
 @pytest.mark.parametrize("ddof", [0, 1])
 @pytest.mark.parametrize("form", VAR_FORMS)
@@ -382,6 +388,7 @@ def test_var_huge_values_against_float64(rng, name, ddof, form):
         assert ddof == 1 or got[0] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["var", "std"])
 def test_var_overflowing_variance_is_inf_never_nan(rng, name):
     """Where the true variance overflows float32 the result is inf, as NumPy's float32 var; no
@@ -410,6 +417,7 @@ def test_var_overflowing_variance_is_inf_never_nan(rng, name):
             assert np.all(np.isinf(got[big])), (form, chunk_size, got, want)
 
 
+@pytest.mark.slow
 def test_var_equal_huge_values_across_tiles_and_duplicates(rng):
     """Equal values give exactly 0 across many tiles and steps, and repeated ids merged in one
     step (steps of one or two rows: the tiles' and merges' means are exact), whatever their
@@ -424,6 +432,7 @@ def test_var_equal_huge_values_across_tiles_and_duplicates(rng):
                 np.testing.assert_array_equal(got, want, err_msg=f"{name} {form} {chunk_size}")
 
 
+@pytest.mark.slow
 def test_var_nonfinite_values_give_nan():
     """As NumPy: inf or NaN in a segment gives NaN, in any tile and merge."""
     x = jnp.array([np.inf, 1.0, np.nan, 2.0, np.inf, np.inf, -np.inf, 3.0, 1.0, 2.0], jnp.float32)
@@ -438,6 +447,7 @@ def test_var_nonfinite_values_give_nan():
         assert_allclose(got, np.sqrt(want), dtype=np.float32, err_msg=str(chunk_size))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_var_half_precision_near_the_top_of_the_range(rng, dtype):
     """float16 values near 6e4 (bfloat16 near 3e19: squares past float32) accumulate in
@@ -480,6 +490,7 @@ def test_var_half_precision_near_the_top_of_the_range(rng, dtype):
             assert np.isinf(np.var(np.array([top, top * 0.9], np.float16)))
 
 
+@pytest.mark.slow
 def test_var_combine_and_scatter_with_empty_states_are_exact():
     """The merge (also across devices: allreduce folds with combine) keeps a state merged with
     an empty one exactly, with means whose squares overflow; equal means merge exactly."""

@@ -26,6 +26,7 @@ GROUPS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_on_8_host_devices(group):
     env = dict(os.environ)

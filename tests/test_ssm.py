@@ -198,6 +198,7 @@ def test_vandermonde_complex_under_strict_promotion():
     assert_close_complex(out, ref, scale=scale)
 
 
+@pytest.mark.slow
 def test_transformations(rng):
     """jit(vmap) over a leading axis equals the batched call; vmap of grad per channel."""
     v, z, w = cauchy_data(rng)
@@ -232,6 +233,7 @@ def _complex_grads_close(got, want, names, err=""):
         assert_close_complex(g, r, scale=10 * data_scale(np.abs(r)), err_msg=f"{err} d/d{n}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["complex", "conjugate", "real"])
 def test_cauchy_grads_vs_dense(case, rng):
     """d/dv, d/dz, d/dw of ``sum |k|^2`` (and of ``sum Re k + Im k``) against dense jnp."""
@@ -254,6 +256,7 @@ def test_cauchy_grads_vs_dense(case, rng):
         _complex_grads_close(g, r, "vzw", what)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["complex", "conjugate", "real"])
 def test_vandermonde_grads_vs_dense(case, rng):
     v, x = vandermonde_data(rng, complex_=case != "real")
@@ -275,6 +278,7 @@ def test_vandermonde_grads_vs_dense(case, rng):
         _complex_grads_close(g, r, "vx", what)
 
 
+@pytest.mark.slow
 def test_check_grads_float64(rng):
     """Reverse-mode gradients against complex128 finite differences (jax.test_util)."""
     t = tol(np.float64)
@@ -329,6 +333,7 @@ def _memory(n, which):
     return report(fwd, *args).temp_bytes, report(grad, *args).temp_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["cauchy", "vandermonde"])
 def test_memory_s4(which):
     """H = 256 channels, L = 1024, complex64: forward and gradient temp memory does not grow
@@ -510,6 +515,7 @@ def test_vandermonde_transpose_matches_complex128(rng, batch_u, batch_v, n, leng
     assert_allclose(got, want, dtype=np.float32, scale=float(np.max(np.abs(want))))
 
 
+@pytest.mark.slow
 def test_vandermonde_transpose_gradients_and_vmap(rng):
     u, v, x = _vt_inputs(rng, (), (), 6, 40)
 
@@ -531,7 +537,7 @@ def test_vandermonde_transpose_gradients_and_vmap(rng):
     for g, w in zip(got, want, strict=True):
         assert_allclose(g, np.asarray(w), dtype=np.float32, scale=float(np.max(np.abs(w))))
     check_grads(
-        lambda u: foldax.vandermonde_transpose(u, v, x),
+        jax.jit(lambda u: foldax.vandermonde_transpose(u, v, x)),
         (u,),
         order=2,
         modes=("fwd", "rev"),
@@ -561,6 +567,7 @@ def test_vandermonde_transpose_inside_shard_map(rng):
     assert_allclose(jax.jit(f)(u, v, x), _vt_reference(u, v, x), dtype=np.float32, scale=100)
 
 
+@pytest.mark.slow
 def test_memory_vandermonde_transpose_flat():
     """H = 256, complex64: temp memory O(tile + N + L) when N grows 64 -> 512 or L grows 4x
     (at most one more (H, N) or (H, L) buffer; never the (H, L, N) tensor: 2 GB here)."""

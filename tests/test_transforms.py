@@ -20,6 +20,7 @@ from foldax.memory import report
 # checkpoint and export
 
 
+@pytest.mark.slow
 def test_checkpoint_and_grad_of_vmap(rng):
     x = jnp.asarray(rng.standard_normal((64, 2)).astype(np.float32))
     thetas = jnp.asarray(rng.standard_normal((5, 2)).astype(np.float32))
@@ -35,6 +36,7 @@ def test_checkpoint_and_grad_of_vmap(rng):
     assert_allclose(g, jax.grad(lambda ts: jax.vmap(dense)(ts).sum())(thetas), dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_jax_export_forward_and_gradient(rng):
     from jax import export
 
@@ -66,6 +68,7 @@ def _sin_model(n):
     return f, theta, x
 
 
+@pytest.mark.slow
 def test_jacfwd_and_grad_of_grad_memory_flat_in_n():
     """Beyond one step of rows (a 1 MB budget keeps steps below N), 4x the rows: jacfwd's temp
     grows <= 1.15x, grad-of-grad's <= 1.3x (no per-step residual stacks)."""
@@ -96,6 +99,7 @@ def test_pairwise_jacfwd_memory_flat_in_n():
     assert temps[16_384] <= 1.15 * temps[4096] + 8 * 3 * (16_384 - 4096), temps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MORE)
 def test_temp_memory_flat_in_n(name):
     """XLA temp bytes of forward (and gradient, where there is one) flat when N grows 4x."""
@@ -152,6 +156,7 @@ def test_memory_budget_errors_name_the_function(value, error, match):
     assert "foldax.memory_budget" in str(info.value)
 
 
+@pytest.mark.slow
 def test_memory_budget_binds_the_plan():
     sizes = [50_000, 150_000]
     x = jax.ShapeDtypeStruct((200_000, 5), jnp.float32)

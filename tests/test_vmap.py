@@ -31,6 +31,8 @@ import foldax
 from foldax._tools import workloads as w
 from foldax.memory import report
 
+pytestmark = pytest.mark.slow  # every test here compiles vmapped programs for seconds
+
 F32 = np.float32
 MB = 10**6
 

@@ -19,6 +19,8 @@ from ._config import PLOT_DIR as PLOT_DIR
 from ._config import QUICK as QUICK
 from ._config import README_END as README_END
 from ._config import README_START as README_START
+from ._config import TINY as TINY
+from ._config import TINY_ENV as TINY_ENV
 from ._config import WORKLOADS as WORKLOADS
 from ._config import Config as Config
 from ._config import available as available

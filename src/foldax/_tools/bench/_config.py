@@ -1,6 +1,6 @@
 """What a ``foldax bench`` run is and where it runs: the workload names, the README markers
-and plot folder, the sizes of a full and a quick run, the peers compared against (and whether
-each is installed), and the machine's description."""
+and plot folder, the sizes of a full and a quick run (and of the test suite's tiny run), the
+peers compared against (and whether each is installed), and the machine's description."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ PLOT_DIR = "bench"
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Sizes of one run (``FULL`` or ``QUICK``)."""
+    """Sizes of one run (``FULL``, ``QUICK`` or the test suite's ``TINY``)."""
 
     repeats: int
     seed_cases: tuple  # (repeat, shrink, with the slicing loop)
@@ -44,6 +44,7 @@ class Config:
     overhead_pairs: int = 4000  # M = N of the pairwise call whose overhead is measured
     graph: tuple = (1_000_000, 100_000)  # (edges, nodes)
     packed: tuple = (8192, 16384)  # sequence lengths of packed attention
+    overhead_shrink: int = 1  # divides the seed sizes of the overhead workload's compile rows
 
 
 FULL = Config(
@@ -62,7 +63,29 @@ QUICK = Config(
     2000,
     (100_000, 10_000),
     (512, 1024),
+    10,
 )
+#: The test suite's run: every case of a quick run (the same cases, so the same steps), at the
+#: smallest sizes that still exercise each. Not a command-line option: ``--quick`` runs it when
+#: the environment sets ``FOLDAX_BENCH_TINY=1`` (tests/test_bench.py does); ``results.json``
+#: records the sizes under ``config``.
+TINY = dataclasses.replace(
+    QUICK,
+    repeats=1,
+    seed_cases=((1, 1000, True), (1, 100, False)),
+    precomputed_n=20_000,
+    s4_ns=(8, 16),
+    s4_h=4,
+    s4_l=32,
+    gauss_n=200,
+    att_n=64,
+    sharded=(1, 1000),
+    overhead_pairs=200,
+    graph=(2_000, 200),
+    packed=(64, 128),
+    overhead_shrink=1000,
+)
+TINY_ENV = "FOLDAX_BENCH_TINY"
 
 
 def machine() -> dict:

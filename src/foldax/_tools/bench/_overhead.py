@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._config import QUICK, Config
+from ._config import Config
 from ._measure import _point_clouds, _row, _sq
 from ._progress import Progress
 
@@ -122,7 +122,7 @@ def _compile_cases(cfg):
 
         impls = {"foldax": (fold, (xj, yj)), "without foldax": (plain, (xj, yj))}
         out.append((case, "compile", impls))
-    problem = w.seed_problem(shrink=10 if cfg is QUICK else 1)
+    problem = w.seed_problem(shrink=cfg.overhead_shrink)
     args = (problem.thetas, problem.x)
     for p, i in (("forward", 0), ("gradient", 1)):
         impls = {

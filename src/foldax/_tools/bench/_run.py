@@ -18,6 +18,8 @@ from ._config import (
     QUICK,
     README_END,
     README_START,
+    TINY,
+    TINY_ENV,
     WORKLOADS,
     Config,
     available,
@@ -83,7 +85,7 @@ def run(
     results block if ``out/README.md`` has the markers). With ``merge``, the workloads run
     replace theirs in the existing ``out/bench/results.json`` and the others are kept (each
     workload's figures still come from one run). Returns the results."""
-    cfg = QUICK if quick else FULL
+    cfg = FULL if not quick else TINY if os.environ.get(TINY_ENV) == "1" else QUICK
     names = list(WORKLOADS) if not only else list(only)
     for n in names:
         if n not in BENCHES:
