@@ -66,7 +66,7 @@ def derived(parent, derivative, shape):
 
     A log-sum-exp's gradient with respect to its rows, from its result's cotangent alone (what
     ``segment_logsumexp`` / ``segment_logmeanexp`` take), is ``"lse_gather"``: per row, the
-    segment's cotangent times its softmax weight -- three gathers and an exponential."""
+    segment's cotangent times its softmax weight -- two gathers and an exponential."""
     if (
         parent in _LOGSUMEXPS
         and derivative == "vjp"

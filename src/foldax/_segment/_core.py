@@ -202,7 +202,7 @@ def _segment(
     def local(data, arrays, fn):
         plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
         if normal and scatters and plan.kind == "rows":
-            return _fold.normalize_rows(name, data, plan, arrays, op == "log_softmax")
+            return _fold.normalize_rows(name, data, plan, arrays)
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
         if empty is None:

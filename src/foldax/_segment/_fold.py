@@ -186,20 +186,21 @@ def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
     return budget == DEFAULT_BUDGET or needed <= budget
 
 
-def normalize_rows(name, data, plan, arrays, log):
-    """A segment softmax / log-softmax of plain ``data`` ``(N, *F)`` under per-row ids (a
-    ``"rows"`` plan): jraph's program -- the segments' max, the shifted exponentials summed,
-    each row divided by its sum -- on the engine's folds (which lower to XLA's scatters when
-    not batched) and gathers, so it costs what that program costs, derivatives included.
+def normalize_rows(name, data, plan, arrays):
+    """A segment softmax of plain ``data`` ``(N, *F)`` under per-row ids (a ``"rows"`` plan):
+    jraph's program -- the segments' max, the shifted exponentials summed, each row divided by
+    its sum -- on the engine's folds (which lower to XLA's scatters when not batched) and
+    gathers, so it costs what that program costs, derivatives included.
 
-    Numerics as :func:`normalize`'s: each segment is shifted by its own max, ``z = (x - max) -
-    log(sum)``; rows in no segment, and every row of a segment that is all -inf or holds a
-    +inf or NaN, are NaN and take no gradient. The derivative is the softmax's (``dy = p * (dx - sum(p *
-    dx))`` per segment, ``p`` the softmax): a scatter and a gather, and the saved output.
+    Numerics as :func:`normalize`'s: each segment is shifted by its own max, ``exp((x - max) -
+    log(sum))``; rows in no segment, and every row of a segment that is all -inf or holds a
+    +inf or NaN, are NaN and take no gradient. The derivative is the softmax's (``dy = p * (dx
+    - sum(p * dx))`` per segment, ``p`` the softmax): a scatter and a gather, and the saved
+    output.
 
-    Only the softmax takes it (``log=False``): the log-softmax's gradient, a per-segment sum
-    of cancelling cotangents, rounded 1.8% away from the walk's on an 8-device mesh of the
-    same rows; it walks until a float64 comparison says which is nearer."""
+    The log-softmax walks (:func:`normalize`): its gradient, a per-segment sum of cancelling
+    cotangents, rounded 1.8% away from the walk's on an 8-device mesh of the same rows; it
+    takes this program once a float64 comparison says which is nearer."""
     (ids,) = arrays
     num = plan.num_slots
     # Rows in no segment go to an extra segment, whose shift is NaN: the folds have a slot
@@ -222,26 +223,19 @@ def normalize_rows(name, data, plan, arrays, log):
         logs = jnp.log(fold(name, SUM, None, jnp.exp(d), plan, arrays))
         return d - at_rows(logs)  # NaN on the bad rows, finite or -inf elsewhere
 
-    def out(z):
-        return z if log else jnp.exp(z)
-
     @jax.custom_jvp
     def normalized(x):
-        return out(run(x))
+        return jnp.exp(run(x))
 
     @normalized.defjvp
     def _(primals, tangents):
         (x,), (t,) = primals, tangents
         z = run(x)
-        bad = jnp.isnan(z)
-        p = jnp.where(bad, jnp.zeros((), z.dtype), jnp.exp(z))  # 0 on the bad rows
-        if not log:  # p is the mask: 0 on the bad rows, whatever it multiplies there
-            by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
-            spread = at_rows(fold(name, SUM, None, by_p(t), plan, arrays))
-            return out(z), by_p(t - spread)
-        t = jnp.where(bad, jnp.zeros((), t.dtype), t)
-        dz = t - at_rows(fold(name, SUM, None, t * p, plan, arrays))
-        return out(z), jnp.where(bad, jnp.zeros((), dz.dtype), dz)
+        p = jnp.where(jnp.isnan(z), jnp.zeros((), z.dtype), jnp.exp(z))  # 0 on the bad rows
+        # p is the mask: 0 on the bad rows, whatever it multiplies there
+        by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
+        spread = at_rows(fold(name, SUM, None, by_p(t), plan, arrays))
+        return jnp.exp(z), by_p(t - spread)
 
     return normalized(data)
 

@@ -127,7 +127,8 @@ def segment_log_softmax(
 
     Numerics:
       rows whose segment id is out of range, and every row of a segment that is all -inf or
-      holds a +inf or NaN (as ``jax.nn.softmax``), give NaN and take no gradient. The result is written chunk by chunk; its temp memory does not grow with ``N``.
+      holds a +inf or NaN (as ``jax.nn.softmax``), give NaN and take no gradient. The result
+      is written chunk by chunk; its temp memory does not grow with ``N``.
 
     Memory: {memory}
 
