@@ -109,6 +109,23 @@ def test_fn_not_callable_or_not_an_array(name):
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_fn_taking_the_parts_of_a_tuple_separately(name):
+    # fn gets the chunk as one pytree, as lax.map's f does: fn(x, lp) for data (x, lp) is told
+    pair = (X, 2 * X)
+    msg = _raises(
+        name,
+        TypeError,
+        "fn",
+        "*rows",
+        call=lambda: op(name)(pair, sizes=SIZES, fn=lambda x, lp: x - lp),
+    )
+    assert "2 separate parameters" in msg, msg
+    got = op(name)(pair, sizes=SIZES, fn=lambda rows, scale=1.0: scale * (rows[0] - rows[1]))
+    want = op(name)(-X, sizes=SIZES)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_bad_data(name):
     ids = jnp.zeros(6, jnp.int32)  # a leading size neither N nor 1: jax.ops rejects it too
     _raises(name, ValueError, "data", call=lambda: op(name)(jnp.ones(3, jnp.float32), ids, 1))

@@ -4,6 +4,7 @@ function the user called."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,32 @@ def _chunk(name, chunk_size):
     return int(chunk_size)
 
 
+def _check_one_argument(name, data, fn):
+    """``fn`` takes the chunk of rows as one argument, a pytree like ``data``: a clear error
+    where ``data`` is a tuple or list and ``fn`` takes its parts as separate parameters."""
+    if not isinstance(data, tuple | list) or len(data) < 2:
+        return
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and the like: nothing to tell
+        return
+    try:
+        sig.bind(data)
+        return
+    except TypeError:
+        pass
+    try:
+        sig.bind(*data)
+    except TypeError:
+        return
+    kind = type(data).__name__
+    raise TypeError(
+        f"{name}: fn is called with one argument, the chunk of rows as a {kind} like data "
+        f"(here {len(data)} arrays), but it takes {len(data)} separate parameters; unpack "
+        f"inside it: fn=lambda rows: f(*rows)."
+    )
+
+
 def _value_aval(name, data, fn, n):
     """Shape/dtype of the values reduced per row, checking what ``fn`` returns."""
     if fn is None:
@@ -117,6 +144,7 @@ def _value_aval(name, data, fn, n):
         return jax.ShapeDtypeStruct(jnp.shape(data), jnp.result_type(data))
     if not callable(fn):
         raise TypeError(f"{name}: fn must be callable, got {type(fn).__name__}.")
+    _check_one_argument(name, data, fn)
     probe = min(n, 8) if n else 0
     example = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct((probe, *jnp.shape(a)[1:]), jnp.result_type(a)), data
