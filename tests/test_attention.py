@@ -18,6 +18,8 @@ from foldax._pairwise._intervals import block_test
 from foldax.memory import report
 
 F32 = np.float32
+#: dot_product_attention's options that are not arrays (static under jit)
+_STATIC = ("is_causal", "return_residual", "layout")
 
 
 def _kernel(a, b):
@@ -86,7 +88,7 @@ def test_mask_closing_over_jit_argument_under_jit_vmap_and_grad(rng):
 
     loss = lambda f: lambda q, k, v: (f(q, k, v) ** 2).sum()  # noqa: E731
     got = jax.jit(jax.grad(loss(lambda q, k, v: _attend(q, k, v, seg)), (0, 1, 2)))(q, k, v)
-    want = jax.grad(loss(lambda q, k, v: _dense(q, k, v, keep)), (0, 1, 2))(q, k, v)
+    want = jax.jit(jax.grad(loss(lambda q, k, v: _dense(q, k, v, keep)), (0, 1, 2)))(q, k, v)
     for g, w in zip(got, want, strict=True):
         assert_allclose(g, w, dtype=F32, scale=10)
 
@@ -104,8 +106,8 @@ def test_padding_mask_from_traced_lengths(rng):
     keep = np.arange(40)[None, None, :] < np.asarray(lengths)[:, None, None]
     got = jax.jit(jax.vmap(pad))(q, k, v, lengths)
     assert_allclose(got, _softmax_ref(q, k, v, keep), dtype=F32)
-    g = jax.grad(lambda q: (jax.vmap(pad)(q, k, v, lengths) ** 2).sum())(q)
-    w = jax.grad(lambda q: (_dense(q, k, v, jnp.asarray(keep)) ** 2).sum())(q)
+    g = jax.jit(jax.grad(lambda q: (jax.vmap(pad)(q, k, v, lengths) ** 2).sum()))(q)
+    w = jax.jit(jax.grad(lambda q: (_dense(q, k, v, jnp.asarray(keep)) ** 2).sum()))(q)
     assert_allclose(g, w, dtype=F32, scale=10)
 
 
@@ -126,9 +128,11 @@ def test_segment_ids_keyword_matches_the_mask_and_skips_nothing_it_needs(rng):
     ids_x = jnp.asarray(rng.integers(0, 4, 90), jnp.int32)
     ids_y = jnp.asarray(rng.integers(0, 4, 50), jnp.int32)
     k2, v2 = k[:50], v[:50]
-    got = foldax.pairwise_reduce(
-        _kernel, q, (k2, v2), reduction="softmax", segment_ids=(ids_x, ids_y), block_size=8
-    )
+    got = jax.jit(
+        lambda q, k, v, ix, iy: foldax.pairwise_reduce(
+            _kernel, q, (k, v), reduction="softmax", segment_ids=(ix, iy), block_size=8
+        )
+    )(q, k2, v2, ids_x, ids_y)
     keep = np.asarray(ids_x)[:, None] == np.asarray(ids_y)[None, :]
     assert_allclose(got, _softmax_ref(q, k2, v2, keep), dtype=F32)
 
@@ -287,16 +291,15 @@ def test_layouts_residual_query_lengths_and_unbatched(heads):
     q, k, v = heads
     want, lse = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True)
     t = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
-    out, got_lse = foldax.dot_product_attention(
-        t(q), t(k), t(v), is_causal=True, return_residual=True, layout="BNTH"
-    )
+    attend = jax.jit(foldax.dot_product_attention, static_argnames=_STATIC)
+    out, got_lse = attend(t(q), t(k), t(v), is_causal=True, return_residual=True, layout="BNTH")
     assert_allclose(t(out), want, dtype=F32, scale=3)
     assert got_lse.shape == (2, 4, 36) and got_lse.dtype == jnp.float32
     assert_allclose(t(got_lse), lse, dtype=F32, scale=30)
-    one = foldax.dot_product_attention(q[1], k[1], v[1], is_causal=True)
+    one = attend(q[1], k[1], v[1], is_causal=True)
     assert_allclose(one, want[1], dtype=F32, scale=3)
     lengths = jnp.array([36, 5])
-    got = foldax.dot_product_attention(q, k, v, query_seq_lengths=lengths)
+    got = attend(q, k, v, query_seq_lengths=lengths)
     ref = jax.nn.dot_product_attention(q, k, v, query_seq_lengths=lengths)
     assert_allclose(got, ref, dtype=F32, scale=3)
     assert np.all(np.asarray(got)[1, 5:] == 0)
@@ -318,8 +321,8 @@ def test_packed_documents_under_vmap_of_batch_and_grad(rng, heads):
         t = lambda a: jnp.swapaxes(a, 1, 2)  # noqa: E731
         return (_dense(t(q) / np.sqrt(8).astype(F32), t(kk), t(vv), jnp.asarray(keep)) ** 2).sum()
 
-    got = jax.grad(lambda q, k, v: (f(q, k, v, seg) ** 2).sum(), (0, 1, 2))(q, k, v)
-    want = jax.grad(dense_loss, (0, 1, 2))(q, k, v)
+    got = jax.jit(jax.grad(lambda q, k, v: (f(q, k, v, seg) ** 2).sum(), (0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(dense_loss, (0, 1, 2)))(q, k, v)
     for g, w in zip(got, want, strict=True):
         assert_allclose(g, w, dtype=F32, scale=10)
 
@@ -329,12 +332,14 @@ def test_bias_gradient_and_cross_attention_ids(rng):
     q = jnp.asarray(rng.standard_normal((1, 20, 2, 4)), F32)
     k, v = (jnp.asarray(rng.standard_normal((1, 12, 1, 4)), F32) for _ in range(2))
     bias = jnp.asarray(rng.standard_normal((1, 2, 20, 12)), F32)
-    got = jax.grad(lambda b: foldax.dot_product_attention(q, k, v, b).sum())(bias)
-    want = jax.grad(lambda b: jax.nn.dot_product_attention(q, k, v, b).sum())(bias)
+    got = jax.jit(jax.grad(lambda b: foldax.dot_product_attention(q, k, v, b).sum()))(bias)
+    want = jax.jit(jax.grad(lambda b: jax.nn.dot_product_attention(q, k, v, b).sum()))(bias)
     assert_allclose(got, want, dtype=F32, scale=3)
     iq = jnp.asarray(np.sort(rng.integers(0, 3, (1, 20))), jnp.int32)
     ik = jnp.asarray(np.sort(rng.integers(0, 3, (1, 12))), jnp.int32)
-    out = foldax.dot_product_attention(q, k, v, segment_ids=(iq, ik))
+    out = jax.jit(lambda q, k, v, s: foldax.dot_product_attention(q, k, v, segment_ids=s))(
+        q, k, v, (iq, ik)
+    )
     keep = (np.asarray(iq)[:, :, None] == np.asarray(ik)[:, None, :])[:, None]
     assert_allclose(out, _grouped_ref(q, k, v, keep), dtype=F32, scale=3)
 
@@ -382,15 +387,18 @@ def test_packed_attention_memory_grows_like_length_not_its_square(rng):
 def test_under_export_checkpoint_jacfwd_and_nested_vmap(rng):
     q = jnp.asarray(rng.standard_normal((2, 24, 2, 4)), F32)
     ids = _docs(rng, 24, 3, batch=2)
-    f = lambda q, ids: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=ids)  # noqa: E731
+    # each transformation jitted: one compile each, not one per operation
+    f = jax.jit(
+        lambda q, ids: foldax.dot_product_attention(q, q, q, is_causal=True, segment_ids=ids)
+    )
     want = f(q, ids)
-    exported = jax.export.export(jax.jit(f))(q, ids)
+    exported = jax.export.export(f)(q, ids)
     np.testing.assert_array_equal(exported.call(q, ids), want)
-    g = jax.grad(jax.checkpoint(lambda q: (f(q, ids) ** 2).sum()))(q)
-    assert_allclose(g, jax.grad(lambda q: (f(q, ids) ** 2).sum())(q), dtype=F32)
-    jac = jax.jacfwd(lambda q: f(q, ids)[0, 3, 1])(q)
-    rev = jax.jacrev(lambda q: f(q, ids)[0, 3, 1])(q)
+    g = jax.jit(jax.grad(jax.checkpoint(lambda q: (f(q, ids) ** 2).sum())))(q)
+    assert_allclose(g, jax.jit(jax.grad(lambda q: (f(q, ids) ** 2).sum()))(q), dtype=F32)
+    jac = jax.jit(jax.jacfwd(lambda q: f(q, ids)[0, 3, 1]))(q)
+    rev = jax.jit(jax.jacrev(lambda q: f(q, ids)[0, 3, 1]))(q)
     assert_allclose(jac, rev, dtype=F32, scale=3)
-    nested = jax.vmap(jax.vmap(f))(jnp.stack([q, -q]), jnp.stack([ids, ids[::-1]]))
+    nested = jax.jit(jax.vmap(jax.vmap(f)))(jnp.stack([q, -q]), jnp.stack([ids, ids[::-1]]))
     assert_allclose(nested[0], want, dtype=F32)
     assert_allclose(nested[1, 1], f(-q, ids[::-1])[1], dtype=F32)

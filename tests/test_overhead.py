@@ -243,7 +243,7 @@ def test_eager_calls_with_no_rows():
 
 
 def _hlo(f, *args):
-    return jax.jit(f).lower(*args).compile().as_text()
+    return (f if hasattr(f, "lower") else jax.jit(f)).lower(*args).compile().as_text()
 
 
 @pytest.mark.slow
@@ -332,7 +332,8 @@ def _plain_logsumexp(x, ids, s):
 
 
 def _temp(f, *args):
-    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    f = f if hasattr(f, "lower") else jax.jit(f)
+    return f.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
 def _walked(f):
@@ -380,7 +381,9 @@ def test_plain_extrema_and_logsumexps_are_scatters_unless_batched():
     for name in _SCATTERED:
         w = jnp.asarray(rng.standard_normal((n if "softmax" in name else s, 3)), jnp.float32)
         f, grad, jvp = _scattered_calls(name, s, w)
-        walk = [_walked(g) for g in _scattered_calls(name, s, w, chunk_size=64)]
+        # jitted, as _hlo and _temp compile them: each program compiles once (not op by op)
+        walk = [jax.jit(_walked(g)) for g in _scattered_calls(name, s, w, chunk_size=64)]
+        f, grad, jvp = (jax.jit(g) for g in (f, grad, jvp))
         for g in (f, grad):
             assert " while(" not in _hlo(g, x, ids), name
         assert " while(" in _hlo(walk[1], x, ids), name
@@ -388,7 +391,7 @@ def test_plain_extrema_and_logsumexps_are_scatters_unless_batched():
         assert_allclose(grad(x, ids), walk[1](x, ids), dtype=np.float32, err_msg=name)
         assert_allclose(jvp(x, ids, t), walk[2](x, ids, t), dtype=np.float32, err_msg=name)
         if name in peers:
-            p = functools.partial(lambda x, i, op: op(x, i, s), op=peers[name])
+            p = jax.jit(functools.partial(lambda x, i, op: op(x, i, s), op=peers[name]))
             # (a softmax's folds hold one segment more, where the rows in no segment go)
             slack = 2 * x.shape[1] * 4 if "softmax" in name else 0
             assert _temp(f, x, ids) <= _temp(p, x, ids) + slack, name
