@@ -350,11 +350,12 @@ def test_fn_with_a_closed_over_key_and_per_row_keys(rng):
     assert_allclose(
         plain, jax.random.uniform(key, ()) * x.reshape(2, 10, 3).sum(1), dtype=np.float32
     )
-    g = jax.grad(lambda x: _dropout(key, x, idx, True).sum())(x)
-    assert_allclose(g, jax.grad(lambda x: _dropout(key, x, idx, False).sum())(x), dtype=np.float32)
+    g = jax.jit(jax.grad(lambda x: _dropout(key, x, idx, True).sum()))(x)
+    want = jax.jit(jax.grad(lambda x: _dropout(key, x, idx, False).sum()))(x)
+    assert_allclose(g, want, dtype=np.float32)
     keys = jax.random.split(key, 4)  # a batch of keys: dropout per example
-    got = jax.vmap(_dropout, (0, None, None, None))(keys, x, idx, True)
-    want = jax.vmap(_dropout, (0, None, None, None))(keys, x, idx, False)
+    batched = jax.jit(jax.vmap(_dropout, (0, None, None, None)), static_argnums=3)
+    got, want = batched(keys, x, idx, True), batched(keys, x, idx, False)
     assert_allclose(got, want, dtype=np.float32)
 
 
@@ -363,8 +364,9 @@ def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
     x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
     keys = jax.random.split(jax.random.key(0), 20)
     fn = lambda rk: rk[0] + jax.vmap(lambda k: jax.random.normal(k, (3,)))(rk[1])  # noqa: E731
-    got = foldax.segment_max((x, keys), sizes=[10, 10], fn=fn)
-    assert_allclose(got, fn((x, keys)).reshape(2, 10, 3).max(1), dtype=np.float32)
+    got = jax.jit(lambda x, keys: foldax.segment_max((x, keys), sizes=[10, 10], fn=fn))(x, keys)
+    want = jax.jit(lambda x, keys: fn((x, keys)).reshape(2, 10, 3).max(1))(x, keys)
+    assert_allclose(got, want, dtype=np.float32)
 
     key, y = jax.random.key(1), x[:7]
 
@@ -380,9 +382,9 @@ def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
         xs, ys = (x, jnp.arange(20)), (y, jnp.arange(7))
         return foldax.pairwise_reduce(kern, xs, ys, reduction="logsumexp")
 
-    assert_allclose(fold(x), dense(x), dtype=np.float32)
-    g = jax.grad(lambda x: fold(x).sum())(x)
-    assert_allclose(g, jax.grad(lambda x: dense(x).sum())(x), dtype=np.float32)
+    assert_allclose(jax.jit(fold)(x), jax.jit(dense)(x), dtype=np.float32)
+    g = jax.jit(jax.grad(lambda x: fold(x).sum()))(x)
+    assert_allclose(g, jax.jit(jax.grad(lambda x: dense(x).sum()))(x), dtype=np.float32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,8 +417,9 @@ def test_vmap_over_an_empty_batch():
 def test_users_who_forbid_rank_promotion(rng):
     """A codebase that sets ``jax_numpy_rank_promotion="raise"`` can call every family, with
     its derivatives and under ``vmap``: foldax's own code broadcasts only explicitly. The
-    transformed calls are jitted (one compilation each; the check happens while tracing, the
-    same eagerly), and conftest.py sets "raise" for every test of the suite, eager ones too."""
+    transformed calls are traced and lowered under jit (the check happens while tracing, the same
+    eagerly; XLA's compile adds nothing to it), and conftest.py sets "raise" for every test of
+    the suite, eager ones too."""
     x = jnp.asarray(rng.standard_normal((50, 3)), jnp.float32)
     ids = jnp.asarray(np.sort(rng.integers(0, 5, 50)), jnp.int32)
     sizes = [10, 0, 15, 25]
@@ -429,22 +432,25 @@ def test_users_who_forbid_rank_promotion(rng):
     with jax.numpy_rank_promotion("raise"):
         for f in (foldax.segment_sum, foldax.segment_max, foldax.segment_logsumexp,
                   foldax.segment_var, foldax.segment_softmax, foldax.segment_argmax):  # fmt: skip
-            jax.jit(jax.vmap(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t))))(
+            jax.jit(jax.vmap(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t)))).lower(
                 jnp.ones((4, 3))
             )
-            jax.jit(lambda a, f=f: f(a, ids, 5, indices_are_sorted=True))(x)
+            jax.jit(lambda a, f=f: f(a, ids, 5, indices_are_sorted=True)).lower(x)
             f(x[:, 0], jnp.asarray(rng.integers(0, 5, 50), jnp.int32), 5)
             if f is not foldax.segment_argmax:
                 loss = lambda t, f=f: jnp.sum(f(x, sizes=sizes, fn=lambda r: fn(r, t)) ** 2)  # noqa: E731
-                jax.jit(jax.grad(loss))(t)
-                jax.jit(jax.jacfwd(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t))))(t)
+                jax.jit(jax.grad(loss)).lower(t)
+                jax.jit(jax.jacfwd(lambda t, f=f: f(x, sizes=sizes, fn=lambda r: fn(r, t)))).lower(
+                    t
+                )
         for red, kw in (("sum", {}), ("min", {}), ("argmin", {}), ("min_argmin", {}),
                         ("kmin", {"k": 3}), ("logsumexp", {})):  # fmt: skip
             first = lambda q, red=red, kw=kw: jax.tree.leaves(  # noqa: E731
                 foldax.pairwise_reduce(sq, q, p, reduction=red, mask=lambda i, j: i >= j, **kw)
             )[0]
-            jax.jit(first)(p)
+            jax.jit(first).lower(p)
             if red not in ("argmin",):
-                jax.jit(jax.grad(lambda q, first=first: jnp.sum(first(q).astype(jnp.float32))))(p)
-        jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.cauchy(v, z, w)))))(w)
-        jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.vandermonde(v, w, 16)))))(w)
+                loss = lambda q, first=first: jnp.sum(first(q).astype(jnp.float32))  # noqa: E731
+                jax.jit(jax.grad(loss)).lower(p)
+        jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.cauchy(v, z, w))))).lower(w)
+        jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.vandermonde(v, w, 16))))).lower(w)
