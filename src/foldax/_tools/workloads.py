@@ -62,15 +62,23 @@ def seed_problem(repeat: int = 1, batch: int = 10, seed: int = 0, shrink: int = 
     return SeedProblem(jnp.asarray(x), jnp.asarray(thetas), sizes)
 
 
-# --- three ways to compute per-segment logsumexp(f) - log(size), vmapped over theta ------------
+# --- ways to compute per-segment logsumexp(f) - log(size), vmapped over theta ------------------
+# Each way's ``per_theta(theta, x, *log_prior)``: with a ``log_prior`` ``(N,)`` row array beside
+# ``x``, the likelihood's form with a pair of row arrays, ``f = model(theta, x) - log_prior``.
+
+
+def _values(theta, x, log_prior):
+    """``f`` of every row: ``model(theta, x)``, less ``log_prior[0]`` where one is given."""
+    v = model(theta, x)
+    return v - log_prior[0] if log_prior else v
 
 
 def way_slicing_loop(sizes):
     """A slicing loop: materialize f, then one dynamic slice + logsumexp per segment."""
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
 
-    def per_theta(theta, x):
-        v = model(theta, x)
+    def per_theta(theta, x, *log_prior):
+        v = _values(theta, x, log_prior)
         outs = [
             jax.nn.logsumexp(jax.lax.dynamic_slice_in_dim(v, s, n)) - np.log(n)
             for s, n in zip(starts, sizes, strict=True)
@@ -85,8 +93,8 @@ def way_global_max(sizes):
     ids = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
     log_n = np.log(np.asarray(sizes, np.float32))
 
-    def per_theta(theta, x):
-        v = model(theta, x)
+    def per_theta(theta, x, *log_prior):
+        v = _values(theta, x, log_prior)
         m = jax.lax.stop_gradient(jnp.max(v))
         s = jax.ops.segment_sum(jnp.exp(v - m), ids, len(sizes), indices_are_sorted=True)
         return m + jnp.log(s) - log_n
@@ -98,9 +106,14 @@ def way_foldax(sizes, chunk_size=None):
     """foldax: stream f over the rows, never materializing it, forward or backward."""
     log_n = np.log(np.asarray(sizes, np.float32))
 
-    def per_theta(theta, x):
+    def per_theta(theta, x, *log_prior):
+        # the rows as one pytree: (x, log_prior) where there is a prior
+        data = (x, *log_prior) if log_prior else x
         lse = segment_logsumexp(
-            x, sizes=sizes, fn=lambda rows: model(theta, rows), chunk_size=chunk_size
+            data,
+            sizes=sizes,
+            fn=lambda rows: _values(theta, rows[0], rows[1:]) if log_prior else model(theta, rows),
+            chunk_size=chunk_size,
         )
         return lse - log_n
 
@@ -117,12 +130,12 @@ def way_pad_scan(sizes):
     mask = np.arange(big)[None, :] < np.asarray(sizes)[:, None]
     log_n = np.log(np.asarray(sizes, np.float32))
 
-    def per_theta(theta, x):
-        padded = x[rows]  # (S, max, 5)
+    def per_theta(theta, x, *log_prior):
+        padded = (x[rows], *(lp[rows] for lp in log_prior))  # (S, max, 5), (S, max)
 
         def one(_, seg):
-            xs, m = seg
-            v = jnp.where(m, model(theta, xs), -jnp.inf)
+            (xs, *lps), m = seg
+            v = jnp.where(m, _values(theta, xs, lps), -jnp.inf)
             return None, jax.nn.logsumexp(v)
 
         _, lse = jax.lax.scan(one, None, (padded, mask))
@@ -142,22 +155,24 @@ WAYS = {
 }
 
 
-def forward_and_grad(per_theta):
-    """``(thetas, x) -> (B, S)`` per-segment values and ``(thetas, x) -> (B, 5)`` gradients."""
-    fwd = jax.vmap(per_theta, in_axes=(0, None))
-    grad = jax.vmap(jax.grad(lambda t, x: per_theta(t, x).sum()), in_axes=(0, None))
+def forward_and_grad(per_theta, rows: int = 1):
+    """``(thetas, x) -> (B, S)`` per-segment values and ``(thetas, x) -> (B, 5)`` gradients;
+    ``rows = 2``: ``(thetas, x, log_prior)``, the form with a pair of row arrays."""
+    axes = (0,) + (None,) * rows
+    fwd = jax.vmap(per_theta, in_axes=axes)
+    grad = jax.vmap(jax.grad(lambda t, *r: per_theta(t, *r).sum()), in_axes=axes)
     return fwd, grad
 
 
-def reference(problem: SeedProblem):
-    """Float64 NumPy reference: per-segment values ``(B, S)`` and gradients ``(B, 5)``."""
-    from math import fsum
-
+def reference(problem: SeedProblem, log_prior=None):
+    """Float64 NumPy reference: per-segment values ``(B, S)`` and gradients ``(B, 5)`` (of
+    ``model - log_prior`` where a ``log_prior`` ``(N,)`` is given)."""
     x = np.asarray(problem.x, np.float64)
+    lp = 0.0 if log_prior is None else np.asarray(log_prior, np.float64)
     offs = np.concatenate([[0], np.cumsum(problem.sizes)])
     vals, grads = [], []
     for theta in np.asarray(problem.thetas, np.float64):
-        v = model_f64(theta, x)
+        v = model_f64(theta, x) - lp
         row, g = [], np.zeros(FEATURES)
         for i, n in enumerate(problem.sizes):
             seg = v[offs[i] : offs[i + 1]]
@@ -169,7 +184,6 @@ def reference(problem: SeedProblem):
             g += (w[:, None] * (x[offs[i] : offs[i + 1]] - theta)).sum(0) / s
         vals.append(row)
         grads.append(g)
-    del fsum
     return np.array(vals), np.array(grads)
 
 

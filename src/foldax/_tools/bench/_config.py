@@ -13,6 +13,7 @@ import numpy as np
 
 WORKLOADS = (
     "seed",
+    "likelihood",
     "precomputed",
     "graph",
     "s4",
@@ -45,6 +46,8 @@ class Config:
     graph: tuple = (1_000_000, 100_000)  # (edges, nodes)
     packed: tuple = (8192, 16384)  # sequence lengths of packed attention
     overhead_shrink: int = 1  # divides the seed sizes of the overhead workload's compile rows
+    likelihood_shrink: int = 1  # divides the seed sizes of the likelihood workload
+    kmin_ks: tuple = (5, 16, 32, 64, 128)  # the k of the nearest workload's k-min rows
 
 
 FULL = Config(
@@ -64,6 +67,8 @@ QUICK = Config(
     (100_000, 10_000),
     (512, 1024),
     10,
+    likelihood_shrink=10,
+    kmin_ks=(5, 64),
 )
 #: The test suite's run: every case of a quick run (the same cases, so the same steps), at the
 #: smallest sizes that still exercise each. Not a command-line option: ``--quick`` runs it when
@@ -84,6 +89,8 @@ TINY = dataclasses.replace(
     graph=(2_000, 200),
     packed=(64, 128),
     overhead_shrink=1000,
+    likelihood_shrink=1000,
+    kmin_ks=(5, 16),
 )
 TINY_ENV = "FOLDAX_BENCH_TINY"
 

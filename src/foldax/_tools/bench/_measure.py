@@ -66,6 +66,38 @@ def bench_seed(cfg: Config, prog: Progress) -> list[dict]:
     return rows
 
 
+#: The likelihood's ways, the baseline first (a pair of row arrays: the slicing loop is left out)
+LIKELIHOOD_WAYS = ("pad-and-scan", "global-max segment_sum", "foldax")
+
+
+def bench_likelihood(cfg: Config, prog: Progress) -> list[dict]:
+    """The seed workload in its client's form: a pair of row arrays, per segment
+    ``logsumexp(model(theta, x) - log_prior) - log(size)``, vmapped over 10 theta, forward and
+    gradient in theta; every way of a pass timed in turns."""
+    from .. import workloads as w
+
+    problem = w.seed_problem(shrink=cfg.likelihood_shrink)
+    lp = np.random.default_rng(1).standard_normal(problem.n).astype(np.float32)
+    args = (problem.thetas, problem.x, jnp.asarray(lp))
+    case = f"N = {problem.n:,}, B = {problem.thetas.shape[0]}"
+    prog.note(f"likelihood {case}: float64 reference")
+    ref = dict(zip(("forward", "gradient"), w.reference(problem, lp), strict=True))
+    fns = {way: w.forward_and_grad(w.WAYS[way](problem.sizes), rows=2) for way in LIKELIHOOD_WAYS}
+    rows = []
+    for i, pass_ in enumerate(("forward", "gradient")):
+        jitted = {way: jax.jit(fns[way][i]) for way in LIKELIHOOD_WAYS}
+        for way in LIKELIHOOD_WAYS:
+            prog.step(f"likelihood {pass_}: {way}")
+        times = w.median_times(
+            {way: functools.partial(f, *args) for way, f in jitted.items()}, repeats=cfg.repeats
+        )
+        for way, f in jitted.items():
+            err = w.max_rel_err(f(*args), ref[pass_])
+            temp = report(fns[way][i], *args).temp_bytes
+            rows.append(_row("likelihood", case, way, pass_, temp, times[way], err, n=problem.n))
+    return rows
+
+
 def bench_precomputed(cfg: Config, prog: Progress) -> list[dict]:
     """segment_logsumexp of n precomputed float32 values in 1000 unequal contiguous segments."""
     import foldax
@@ -234,62 +266,72 @@ def bench_gaussian(cfg: Config, prog: Progress) -> list[dict]:
 
 def bench_nearest(cfg: Config, prog: Progress) -> list[dict]:
     """Nearest neighbours, M = N = n, D = 3: squared distance reduced by ``min``, ``argmin`` and
-    ``kmin`` (k = 5), foldax against pykeops (skipped without it). The error column of the index
-    rows is the fraction of indices that differ from NumPy's (float64 distances)."""
+    ``kmin`` (each k of ``cfg.kmin_ks``), foldax against pykeops (skipped without it), timed in
+    turns. The error column of the index rows is the fraction of indices that differ from
+    NumPy's (float64 distances)."""
     import foldax
 
-    from .. import workloads as w
-
-    n, k = cfg.gauss_n, 5
+    n = cfg.gauss_n
     x, y, xj, yj = _point_clouds(n, seed=3)
-    sq = _sq
 
     def fold(red, **kw):
-        return lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction=red, **kw)
+        return lambda x, y: foldax.pairwise_reduce(_sq, x, y, reduction=red, **kw)
 
-    impls = {
-        "min": {"foldax": fold("min")},
-        "argmin": {"foldax": fold("argmin")},
-        f"kmin, k = {k}": {"foldax": lambda x, y: fold("kmin", k=k)(x, y)[1]},
-    }
-    ref = {"min": [], "argmin": [], f"kmin, k = {k}": []}
-    x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    for s in range(0, n, 1000):
-        d = ((x64[s : s + 1000, None] - y64[None]) ** 2).sum(-1)
-        ref["min"].append(d.min(1))
-        ref["argmin"].append(d.argmin(1))
-        ref[f"kmin, k = {k}"].append(np.argsort(d, axis=1, kind="stable")[:, :k])
-    ref = {r: np.concatenate(v) for r, v in ref.items()}
+    kmins = {f"kmin, k = {k}": k for k in cfg.kmin_ks}
+    impls = {"min": {"foldax": fold("min")}, "argmin": {"foldax": fold("argmin")}}
+    for red, k in kmins.items():
+        impls[red] = {"foldax": lambda x, y, k=k: fold("kmin", k=k)(x, y)[1]}
+    ref = _nearest_reference(x, y, max(cfg.kmin_ks))
+    ref.update({red: ref["kmin"][:, :k] for red, k in kmins.items()})
     if available("pykeops"):
         from pykeops.numpy import LazyTensor
 
         d2 = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
         impls["min"]["pykeops (CPU)"] = lambda: d2.min(1)[:, 0]
         impls["argmin"]["pykeops (CPU)"] = lambda: d2.argmin(1)[:, 0]
-        impls[f"kmin, k = {k}"]["pykeops (CPU)"] = lambda: d2.Kmin_argKmin(k, 1)[1]
+        for red, k in kmins.items():
+            impls[red]["pykeops (CPU)"] = lambda k=k: d2.Kmin_argKmin(k, 1)[1]
     rows = []
     for red, fns in impls.items():
-        # foldax and pykeops timed in turns (each call of one is followed by one of the other)
-        calls = {
-            name: (fn if name.startswith("pykeops") else functools.partial(jax.jit(fn), xj, yj))
-            for name, fn in fns.items()
-        }
-        for name in fns:
-            prog.step(f"nearest {red}: {name}")
-        times = w.median_times(calls, repeats=cfg.repeats)  # warm-up: compiles (seconds)
-        for name, fn in fns.items():
-            secs, got = times[name], calls[name]()
-            temp = None if name.startswith("pykeops") else report(fn, xj, yj).temp_bytes
-            got = np.asarray(got)
-            err = (
-                w.max_rel_err(got, ref[red])
-                if red == "min"
-                else float(np.mean(got.astype(np.int64) != ref[red]))
-            )
-            case = f"{red}, M = N = {n:,}"
-            rows.append(_row("nearest", case, name, "forward", temp, secs, err, reduction=red))
-        if "pykeops (CPU)" not in fns:
-            prog.step(f"nearest {red}: pykeops skipped")
+        rows += _nearest_rows(cfg, prog, red, fns, ref[red], n, xj, yj)
+    return rows
+
+
+def _nearest_reference(x, y, k):
+    """NumPy's min, argmin and k nearest (stable: ties by index) on float64 distances."""
+    ref = {"min": [], "argmin": [], "kmin": []}
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    for s in range(0, x.shape[0], 1000):
+        d = ((x64[s : s + 1000, None] - y64[None]) ** 2).sum(-1)
+        ref["min"].append(d.min(1))
+        ref["argmin"].append(d.argmin(1))
+        ref["kmin"].append(np.argsort(d, axis=1, kind="stable")[:, :k])
+    return {r: np.concatenate(v) for r, v in ref.items()}
+
+
+def _nearest_rows(cfg, prog, red, fns, ref, n, xj, yj):
+    """One reduction's rows: foldax and pykeops timed in turns (each call of one is followed by
+    one of the other), after a warm-up that compiles (seconds)."""
+    from .. import workloads as w
+
+    calls = {
+        name: (fn if name.startswith("pykeops") else functools.partial(jax.jit(fn), xj, yj))
+        for name, fn in fns.items()
+    }
+    for name in fns:
+        prog.step(f"nearest {red}: {name}")
+    times = w.median_times(calls, repeats=cfg.repeats)
+    rows = []
+    for name, fn in fns.items():
+        got = np.asarray(calls[name]())
+        temp = None if name.startswith("pykeops") else report(fn, xj, yj).temp_bytes
+        err = (
+            w.max_rel_err(got, ref) if red == "min" else float(np.mean(got.astype(np.int64) != ref))
+        )
+        case = f"{red}, M = N = {n:,}"
+        rows.append(_row("nearest", case, name, "forward", temp, times[name], err, reduction=red))
+    if "pykeops (CPU)" not in fns:
+        prog.step(f"nearest {red}: pykeops skipped")
     return rows
 
 

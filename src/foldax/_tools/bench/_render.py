@@ -10,6 +10,7 @@ from ._config import PLOT_DIR, README_END, README_START, WORKLOADS, machine_line
 #: The baseline each workload's ratios are taken against ("time / baseline").
 BASELINE = {
     "seed": "global-max segment_sum",
+    "likelihood": "pad-and-scan",
     "precomputed": "floor: jnp.exp(x).sum()",
     "graph": "jax.ops (jraph's way)",
     "s4": "naive broadcast",
@@ -24,6 +25,8 @@ BASELINE = {
 TITLES = {
     "seed": "The ragged logsumexp under vmap: per-segment logsumexp(f(theta, x)) - log(size), "
     "vmapped over 10 theta",
+    "likelihood": "The same likelihood with a pair of row arrays: per-segment "
+    "logsumexp(f(theta, x) - log_prior) - log(size), vmapped over 10 theta",
     "precomputed": "Precomputed data: segment logsumexp of float32 values",
     "graph": "A graph network's messages, float32: E edges reduced to V receiver nodes",
     "s4": "S4's Cauchy kernel, complex64 (forward k = cauchy(v, z, w); gradient of sum |k|^2)",
@@ -45,6 +48,12 @@ NOTES = {
     "logsumexp), `foldax` "
     "(`segment_logsumexp(x, sizes=..., fn=model)`). Gradient: of the per-segment sum with "
     "respect to theta.",
+    "likelihood": "The rows come as two arrays, the features `x` (N, 5) and a per-row "
+    "`log_prior` (N,), passed to foldax as one pytree: `segment_logsumexp((x, log_prior), "
+    "sizes=..., fn=lambda rows: model(theta, rows[0]) - rows[1])`. Same model, sizes and "
+    "ways as above, each way's calls timed in turns; the baseline is the pad-and-scan a "
+    "user writes when the padded copy fits. Gradient: of the per-segment sum with respect "
+    "to theta.",
     "precomputed": "The floor is `jnp.exp(x).sum()`: one pass over the data, no segments. "
     "torch runs on the same CPU with its default threads.",
     "graph": "Plain data (messages already computed) reduced by receiver: `unsorted ids` as "
@@ -54,8 +63,9 @@ NOTES = {
     "gather, divide). Gradient: of the sum of the result times fixed random weights.",
     "gaussian": "`sum_j exp(-|x_i - y_j|^2)` and `logsumexp_j(-|x_i - y_j|^2)`. XLA fuses the dense "
     "sum into its reduction (0 B temp) but not the logsumexp; pykeops' memory is not XLA's.",
-    "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k = 5 nearest "
-    '(`reduction="kmin"`, pykeops\' `Kmin_argKmin`). The error column of argmin and k-min is '
+    "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k nearest for k = 5 to 128 "
+    "(`reduction=\"kmin\"`, pykeops' `Kmin_argKmin`), each reduction's two ways timed in "
+    "turns. The error column of argmin and k-min is "
     "the fraction of indices that differ from NumPy's on float64 distances (near-ties may "
     "round either way in float32). foldax spreads each step's large fusions over XLA:CPU's "
     "threads, pykeops runs one loop per thread: on a shared 2-core virtual machine, where "
@@ -146,6 +156,7 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
     """``(claim, memory, time)`` rows for the README, each from the JSON."""
     return [
         *_seed_headlines(results),
+        *_likelihood_headlines(results),
         *_precomputed_headlines(results),
         *_graph_headlines(results),
         *_s4_headlines(results),
@@ -176,6 +187,18 @@ def _seed_headlines(results: dict) -> list[tuple[str, str, str]]:
                         _ratio(f, b),
                     )
                 )
+    return out
+
+
+def _likelihood_headlines(results: dict) -> list[tuple[str, str, str]]:
+    """The likelihood with a pair of row arrays, per pass: foldax vs pad-and-scan."""
+    out = []
+    for p in ("forward", "gradient"):
+        b = _pick(results, "likelihood", "pad-and-scan", p)
+        f = _pick(results, "likelihood", "foldax", p)
+        if b and f:
+            claim = f"ragged likelihood, x and log_prior as two row arrays ({f['case']}), {p}"
+            out.append((f"{claim}: foldax vs pad-and-scan", _vs_bytes(f, b), _ratio(f, b)))
     return out
 
 
@@ -247,6 +270,12 @@ def _s4_headlines(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def _kmin_reductions(results: dict) -> list[str]:
+    """The nearest workload's k-min reductions ("kmin, k = 5", ...), by k."""
+    reds = {r.get("reduction", "") for r in results["workloads"].get("nearest", [])}
+    return sorted((r for r in reds if r.startswith("kmin")), key=lambda r: int(r.split("=")[1]))
+
+
 def _kernel_headlines(results: dict) -> list[tuple[str, str, str]]:
     """The Gaussian kernel and nearest-neighbour reductions: foldax vs each other way."""
     out = []
@@ -255,7 +284,7 @@ def _kernel_headlines(results: dict) -> list[tuple[str, str, str]]:
         ("gaussian", "logsumexp"),
         ("nearest", "min"),
         ("nearest", "argmin"),
-        ("nearest", "kmin, k = 5"),
+        *(("nearest", r) for r in _kmin_reductions(results)),
     ):
         rows = [r for r in results["workloads"].get(wl, []) if r.get("reduction") == red]
         f = next((r for r in rows if r["impl"] == "foldax"), None)

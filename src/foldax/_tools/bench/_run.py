@@ -27,8 +27,10 @@ from ._config import (
 )
 from ._graph import bench_graph, graph_cases
 from ._measure import (
+    LIKELIHOOD_WAYS,
     bench_attention,
     bench_gaussian,
+    bench_likelihood,
     bench_nearest,
     bench_precomputed,
     bench_s4,
@@ -47,11 +49,12 @@ def _steps(cfg: Config, only) -> int:
 
     count = {
         "seed": sum(2 * (len(w.WAYS) - (0 if loop else 1)) for _, _, loop in cfg.seed_cases),
+        "likelihood": 2 * len(LIKELIHOOD_WAYS),
         "precomputed": 4,
         "graph": len(graph_cases(cfg)),
         "s4": len(cfg.s4_ns) * len(w.S4_WAYS) * 2,
         "gaussian": 6,
-        "nearest": 6,
+        "nearest": 2 * (2 + len(cfg.kmin_ks)),
         "attention": 6,
         "packed": 2 * len(cfg.packed),
         "overhead": len(_OVERHEAD_CALLS) * 3 + len(_COMPILE_ONLY),
@@ -62,6 +65,7 @@ def _steps(cfg: Config, only) -> int:
 
 BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
     "seed": bench_seed,
+    "likelihood": bench_likelihood,
     "graph": bench_graph,
     "precomputed": bench_precomputed,
     "s4": bench_s4,
