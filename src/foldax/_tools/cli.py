@@ -403,8 +403,8 @@ def _add_bench(sub, fmt) -> None:
         "--only",
         action="append",
         metavar="NAME",
-        help="run only this workload (repeatable): seed, precomputed, graph, s4, gaussian, "
-        "nearest, attention, packed, overhead, sharded",
+        help="run only this workload (repeatable): seed, likelihood, precomputed, graph, s4, "
+        "gaussian, nearest, attention, packed, overhead, sharded",
     )
     b.add_argument(
         "--out",
