@@ -160,8 +160,16 @@ def forward_and_grad(per_theta, rows: int = 1):
     ``rows = 2``: ``(thetas, x, log_prior)``, the form with a pair of row arrays."""
     axes = (0,) + (None,) * rows
     fwd = jax.vmap(per_theta, in_axes=axes)
-    grad = jax.vmap(jax.grad(lambda t, *r: per_theta(t, *r).sum()), in_axes=axes)
-    return fwd, grad
+    if rows == 1:  # named arguments: memory audits name the buffers after them
+
+        def loss(theta, x):
+            return per_theta(theta, x).sum()
+    else:
+
+        def loss(theta, x, log_prior):
+            return per_theta(theta, x, log_prior).sum()
+
+    return fwd, jax.vmap(jax.grad(loss), in_axes=axes)
 
 
 def reference(problem: SeedProblem, log_prior=None):
