@@ -121,10 +121,15 @@ def test_segment_on_mesh_equals_one_device(rng, mesh_name, form):
     got = call(*dist)
     assert_no_gather(call.lower(*dist).compile().as_text())
     scale = data_scale(x) * (4 if form == "fn" else 1)
+    # d theta sums every row's contribution: its magnitude is their sum's, not one row's (the
+    # log-softmax's cancels to ~5 from rows summing to ~3e5 in absolute value; the one-device
+    # and the mesh program each land within float32's rounding of that of the float64 value)
+    rows = float(np.abs(x[np.isfinite(x)]).sum()) * (4 if form == "fn" else 1)
+    scales = {"value": scale * 10, "d data": scale * 10, "d theta": max(scale * 10, rows)}
 
     def check(name):
-        for a, b, what in zip(got[name], want[name], ("value", "d data", "d theta"), strict=True):
-            assert_allclose(a, b, dtype=np.float32, scale=scale * 10, err_msg=what)
+        for a, b, what in zip(got[name], want[name], scales, strict=True):
+            assert_allclose(a, b, dtype=np.float32, scale=scales[what], err_msg=what)
 
     check_each(ALL, check)
 

@@ -212,10 +212,8 @@ def _segment(
     chunk = _chunk(name, chunk_size)
     # Known sorted ids (and static sizes / offsets) scatter by their ids on CPU; elsewhere their
     # contiguous tiles stay.
-    if normal:  # (a log-softmax walks: see _fold.normalize_rows)
-        scatters = op == "softmax" and _fold.normalizes_by_scatters(
-            fn, aval.dtype, axes, chunk, n, aval.shape[1:]
-        )
+    if normal:
+        scatters = _fold.normalizes_by_scatters(fn, aval.dtype, axes, chunk, n, aval.shape[1:])
     else:
         scatters = bool(_fold.scatters(fn, aval.dtype, monoid, axes))
     scatters = scatters and mesh is None and jax.default_backend() == "cpu"
@@ -230,7 +228,7 @@ def _segment(
     def local(data, arrays, fn):
         plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
         if normal and scatters and plan.kind == "rows":
-            return _fold.normalize_rows(name, data, plan, arrays)
+            return _fold.normalize_rows(name, data, plan, arrays, op == "log_softmax")
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
         if empty is None:

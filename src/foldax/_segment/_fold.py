@@ -186,21 +186,18 @@ def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
     return budget == DEFAULT_BUDGET or needed <= budget
 
 
-def normalize_rows(name, data, plan, arrays):
-    """A segment softmax of plain ``data`` ``(N, *F)`` under per-row ids (a ``"rows"`` plan):
-    jraph's program -- the segments' max, the shifted exponentials summed, each row divided by
-    its sum -- on the engine's folds (which lower to XLA's scatters when not batched) and
-    gathers, so it costs what that program costs, derivatives included.
+def normalize_rows(name, data, plan, arrays, log=False):
+    """A segment softmax (``log``: log-softmax) of plain ``data`` ``(N, *F)`` under per-row ids
+    (a ``"rows"`` plan): jraph's program -- the segments' max, the shifted exponentials summed,
+    each row divided by its sum (``log``: less the log of its sum) -- on the engine's folds and
+    XLA's gathers, so it costs what that program costs, derivatives included.
 
     Numerics: each segment is shifted by its own max, ``exp(x - max) / sum`` (within 2 ulp of
-    the softmax); as :func:`normalize`'s, rows in no segment, and every row of a segment that is all -inf or holds a
-    +inf or NaN, are NaN and take no gradient. The derivative is the softmax's (``dy = p * (dx
-    - sum(p * dx))`` per segment, ``p`` the softmax): a scatter and a gather, and the saved
-    output.
-
-    The log-softmax walks (:func:`normalize`): its gradient, a per-segment sum of cancelling
-    cotangents, rounded 1.8% away from the walk's on an 8-device mesh of the same rows; it
-    takes this program once a float64 comparison says which is nearer."""
+    the softmax; ``log``: ``(x - max) - log(sum)``); as :func:`normalize`'s, rows in no segment,
+    and every row of a segment that is all -inf or holds a +inf or NaN, are NaN and take no
+    gradient. The derivative is the softmax's (``dy = p * (dx - sum(p * dx))`` per segment,
+    ``p`` the softmax; the log-softmax's ``dy = dx - sum(p * dx)``): a scatter and a gather,
+    and the saved output."""
     (ids,) = arrays
     num = plan.num_slots
     # Rows in no segment go to an extra slot whose max is NaN, so every row of theirs is NaN:
@@ -229,23 +226,37 @@ def normalize_rows(name, data, plan, arrays):
         return lax.scatter_max(init, ids[:, None], x, dims, mode=drop)
 
     def run(x):
-        # A +inf or NaN max is kept (every row of its segment is NaN, as jax.nn.softmax's), so
-        # is -inf (x - max is NaN on every row of an all -inf segment).
-        e = jnp.exp(x - at_rows(shift(x)))
+        """``(output, softmax)``. A +inf or NaN max is kept (every row of its segment is NaN, as
+        jax.nn.softmax's), so is -inf (x - max is NaN on every row of an all -inf segment)."""
+        d = x - at_rows(shift(x))
+        e = jnp.exp(d)
+        total = fold(name, SUM, None, e, plan, arrays)
         # One (N, *F) intermediate, the exponentials, read by the sum and by the division (as
         # jraph's). A quotient of two correctly rounded numbers: within 2 ulp of the softmax,
         # where exp(x - max - log(sum)) loses |x - max| ulp.
-        return e / at_rows(fold(name, SUM, None, e, plan, arrays))
+        p = e / at_rows(total)
+        # the log-softmax: NaN where the softmax is (0 / 0 in an all -inf segment)
+        return (d - at_rows(jnp.log(total)) if log else p), p
 
     @jax.custom_jvp
     def normalized(x):
-        return run(x)
+        return run(x)[0]
 
     @normalized.defjvp
     def _(primals, tangents):
         (x,), (t,) = primals, tangents
-        y = run(x)
-        p = jnp.where(jnp.isnan(y), jnp.zeros((), y.dtype), y)  # 0 on the bad rows
+        y, p = run(x)
+        bad = jnp.isnan(p)
+        if log:
+            # dy = dx - sum(p * dx), 0 on the bad rows: p (0 there) and the bad rows are what
+            # reverse mode keeps. The sum is taken of p * -dx and not masked again (a bad row
+            # only meets the sums of segments whose rows are all bad: a +inf or NaN, all -inf,
+            # the extra slot), so that reverse mode scatters the cotangent itself, as the
+            # jax.ops program does: no masked or negated copy of it.
+            p = jnp.where(bad, jnp.zeros((), p.dtype), p)
+            spread = at_rows(fold(name, SUM, None, p * -t, plan, arrays))
+            return y, jnp.where(bad, jnp.zeros((), t.dtype), t) + spread
+        p = jnp.where(bad, jnp.zeros((), y.dtype), y)  # 0 on the bad rows
         # p is the mask: 0 on the bad rows, whatever it multiplies there
         by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
         spread = at_rows(fold(name, SUM, None, by_p(t), plan, arrays))
