@@ -25,9 +25,17 @@ def _jraph_softmax(x, ids, v, sorted_):
     return e / jax.ops.segment_sum(e, ids, v, indices_are_sorted=sorted_)[ids]
 
 
+def _jax_ops_log_softmax(x, ids, v, sorted_):
+    m = jax.lax.stop_gradient(jax.ops.segment_max(x, ids, v, indices_are_sorted=sorted_))
+    d = x - m[ids]
+    return d - jnp.log(jax.ops.segment_sum(jnp.exp(d), ids, v, indices_are_sorted=sorted_))[ids]
+
+
 def _peer(reduction):
     if reduction == "softmax":
         return _jraph_softmax
+    if reduction == "log_softmax":
+        return _jax_ops_log_softmax
     f = getattr(jax.ops, f"segment_{reduction}")
     return lambda x, ids, v, sorted_: f(x, ids, v, indices_are_sorted=sorted_)
 
@@ -53,6 +61,7 @@ def graph_cases(cfg: Config):
         ("max", 1, "unsorted ids"),
         ("softmax", 8, "unsorted ids"),
         ("softmax", 8, "sizes"),
+        ("log_softmax", 8, "unsorted ids"),
     ]
 
 

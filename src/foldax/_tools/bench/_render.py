@@ -60,7 +60,8 @@ NOTES = {
     "edges come, `sorted ids` with `indices_are_sorted=True` on both sides, `sizes` for foldax "
     "against the same sorted ids with the hint for the peer. The peer is the program a user "
     "writes with `jax.ops` (for the softmax, jraph's `segment_softmax`: max, gather, exp, sum, "
-    "gather, divide). Gradient: of the sum of the result times fixed random weights.",
+    "gather, divide; for the log-softmax, `x - max` less the gathered log of that sum). "
+    "Gradient: of the sum of the result times fixed random weights.",
     "gaussian": "`sum_j exp(-|x_i - y_j|^2)` and `logsumexp_j(-|x_i - y_j|^2)`. XLA fuses the dense "
     "sum into its reduction (0 B temp) but not the logsumexp; pykeops' memory is not XLA's.",
     "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k nearest for k = 5 to 128 "
