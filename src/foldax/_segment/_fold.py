@@ -175,7 +175,7 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
 
 
 def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
-    """Whether a segment softmax of plain data (no ``fn``) on one device takes
+    """Whether a segment softmax or log-softmax of plain data (no ``fn``) on one device takes
     :func:`normalize_rows`: values that accumulate in their own dtype (half precision keeps the
     walk, which accumulates in float32 without a float32 copy of the data), no explicit
     ``chunk_size``, and its two ``(N, *F)`` intermediates within a budget the user set."""
