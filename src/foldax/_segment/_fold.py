@@ -189,8 +189,8 @@ def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
 def normalize_rows(name, data, plan, arrays, log=False):
     """A segment softmax (``log``: log-softmax) of plain ``data`` ``(N, *F)`` under per-row ids
     (a ``"rows"`` plan): jraph's program -- the segments' max, the shifted exponentials summed,
-    each row divided by its sum (``log``: less the log of its sum) -- on the engine's folds and
-    XLA's gathers, so it costs what that program costs, derivatives included.
+    each row divided by its sum (``log``: less the log of its sum): a scatter-max, the engine's
+    sum folds and XLA's gathers, so it costs what that program costs, derivatives included.
 
     Numerics: each segment is shifted by its own max, ``exp(x - max) / sum`` (within 2 ulp of
     the softmax; ``log``: ``(x - max) - log(sum)``); as :func:`normalize`'s, rows in no segment,
