@@ -30,7 +30,7 @@ def main():
             jf = jax.jit(f)
             calls[(name, kind)] = lambda jf=jf: jf(*args)
             temps[(name, kind)] = foldax.memory.report(f, *args).temp_bytes
-    times = w.median_times({k: v for k, v in calls.items()}, repeats=a.repeats)
+    times = w.median_times(calls, repeats=a.repeats)
     for kind in ("forward", "gradient"):
         base = times[("pad-and-scan", kind)]
         for name in ("pad-and-scan", "foldax"):

@@ -247,16 +247,15 @@ def normalize_rows(name, data, plan, arrays, log=False):
         (x,), (t,) = primals, tangents
         y, p = run(x)
         bad = jnp.isnan(p)
+        p = jnp.where(bad, jnp.zeros((), p.dtype), p)  # the softmax, 0 on the bad rows
         if log:
-            # dy = dx - sum(p * dx), 0 on the bad rows: p (0 there) and the bad rows are what
-            # reverse mode keeps. The sum is taken of p * -dx and not masked again (a bad row
-            # only meets the sums of segments whose rows are all bad: a +inf or NaN, all -inf,
-            # the extra slot), so that reverse mode scatters the cotangent itself, as the
-            # jax.ops program does: no masked or negated copy of it.
-            p = jnp.where(bad, jnp.zeros((), p.dtype), p)
+            # dy = dx - sum(p * dx), 0 on the bad rows: p and the bad rows are what reverse
+            # mode keeps. The sum is taken of p * -dx and not masked again (a bad row only
+            # meets the sums of segments whose rows are all bad: a +inf or NaN, all -inf, the
+            # extra slot), so that reverse mode scatters the cotangent itself, as the jax.ops
+            # program does: no masked or negated copy of it.
             spread = at_rows(fold(name, SUM, None, p * -t, plan, arrays))
             return y, jnp.where(bad, jnp.zeros((), t.dtype), t) + spread
-        p = jnp.where(bad, jnp.zeros((), y.dtype), y)  # 0 on the bad rows
         # p is the mask: 0 on the bad rows, whatever it multiplies there
         by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
         spread = at_rows(fold(name, SUM, None, by_p(t), plan, arrays))
