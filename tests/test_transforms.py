@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import MORE, assert_allclose, op
+from helpers import MORE, assert_allclose, dense, op
 
 import foldax
 from foldax.memory import report
@@ -34,6 +34,41 @@ def test_checkpoint_and_grad_of_vmap(rng):
 
     g = jax.grad(lambda ts: jax.vmap(jax.checkpoint(f))(ts).sum())(thetas)
     assert_allclose(g, jax.grad(lambda ts: jax.vmap(dense)(ts).sum())(thetas), dtype=np.float32)
+
+
+# Plain data takes custom derivatives outside the engine (the softmaxes, the extrema under
+# ids); their ids must reach the derivative as arguments, whichever way the call is jitted.
+_JITTED_DERIVATIVES = {
+    "grad(jit(f))": lambda f: jax.grad(jax.jit(f)),
+    "jit(grad(f))": lambda f: jax.jit(jax.grad(f)),
+    "jacfwd(jit(f))": lambda f: jax.jacfwd(jax.jit(f)),
+    "hessian(jit(f))": lambda f: jax.hessian(jax.jit(f)),
+}
+
+
+@pytest.mark.parametrize("how", list(_JITTED_DERIVATIVES))
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "max", "min", "sum", "logsumexp"])
+def test_derivatives_of_jitted_plain_data(rng, name, how):
+    """jax.grad / jacfwd / hessian of a jitted call and jit of a gradient, with ids passed in
+    (traced), closed over and as static sizes, against the dense reference."""
+    sizes = [3, 0, 5, 1, 4]
+    ids = np.repeat(np.arange(len(sizes)), sizes).astype(np.int32)
+    x = jnp.asarray(rng.standard_normal(ids.size))  # continuous: no ties
+    w = jnp.asarray(rng.standard_normal(ids.size if name in ("softmax", "log_softmax") else 5))
+    keep = np.isfinite(np.asarray(op(name)(x, sizes=sizes)))
+
+    def loss(out):
+        return jnp.sum(jnp.where(keep, out, 0.0) * w) + jnp.sum(jnp.where(keep, out, 0.0) ** 2)
+
+    calls = {
+        "traced ids": lambda x, i: loss(op(name)(x, i, len(sizes))),
+        "closed-over ids": lambda x, i: loss(op(name)(x, jnp.asarray(ids), len(sizes))),
+        "sizes": lambda x, i: loss(op(name)(x, sizes=sizes)),
+    }
+    want = _JITTED_DERIVATIVES[how](lambda x: loss(dense(name, x, ids, len(sizes))))(x)
+    for form, f in calls.items():
+        got = _JITTED_DERIVATIVES[how](lambda x, f=f: f(x, jnp.asarray(ids)))(x)
+        assert_allclose(got, want, dtype=np.float32, err_msg=f"{name}, {how}, {form}")
 
 
 @pytest.mark.slow

@@ -174,6 +174,41 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     return out
 
 
+def extremum_by_scatters(monoid, dtype) -> bool:
+    """Whether a fold that :func:`scatters` takes :func:`extremum_rows`: a max or min of
+    floating values (integer and bool ones have no derivative to change)."""
+    return monoid in (MAX, MIN) and jnp.issubdtype(dtype, jnp.floating)
+
+
+def extremum_rows(name, monoid, data, plan, arrays):
+    """A segment max / min of plain floating ``data`` ``(N, *F)`` under per-row ids (a
+    ``"rows"`` plan), the fold (a scatter-max / -min on one CPU) with the derivative of the
+    ``jax.ops`` program: ``dy = sum(where(x == y[ids], dx, 0)) / count`` per segment, ``count``
+    the rows attaining its extreme (the fold's second output; NaN attains none), so ties share
+    evenly, and rows dropped or in an empty or NaN segment take none. Reverse mode keeps the
+    ``(N, *F)`` booleans ``x == y[ids]`` and the counts, not the rows: as a drop-in on rows
+    computed in the same jit (messages), its gradient holds less than the ``jax.ops`` one
+    (the fold's own derivative kept the rows and a gathered state beside them)."""
+    num = plan.num_slots
+
+    # The ids are an argument of the custom_jvp, not a closure: an array closed over (a tracer
+    # of an enclosing jit) would leak into the derivative's trace as a constant.
+    @jax.custom_jvp
+    def extremum(x, ids):
+        return fold(name, monoid, None, x, plan, (ids,))
+
+    @extremum.defjvp
+    def _(primals, tangents):
+        (x, ids), (t, _) = primals, tangents
+        y, count = fold(name, monoid, None, x, plan, (ids,), all_outputs=True)
+        # a clamped gather: a dropped row's hit is dropped again by the sum
+        hit = x == jnp.take(y, jnp.clip(ids, 0, num - 1), axis=0, mode="clip")
+        total = fold(name, SUM, None, jnp.where(hit, t, jnp.zeros((), t.dtype)), plan, (ids,))
+        return y, total / jnp.maximum(count, 1).astype(total.dtype)
+
+    return extremum(data, *arrays)
+
+
 def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
     """Whether a segment softmax or log-softmax of plain data (no ``fn``) on one device takes
     :func:`normalize_rows`: values that accumulate in their own dtype (half precision keeps the
@@ -198,7 +233,6 @@ def normalize_rows(name, data, plan, arrays, log=False):
     gradient. The derivative is the softmax's (``dy = p * (dx - sum(p * dx))`` per segment,
     ``p`` the softmax; the log-softmax's ``dy = dx - sum(p * dx)``): a scatter and a gather,
     and the saved output."""
-    (ids,) = arrays
     num = plan.num_slots
     # Rows in no segment go to an extra slot whose max is NaN, so every row of theirs is NaN:
     # the folds have a slot more (an id of S goes there, negative ones are dropped) and the
@@ -208,44 +242,42 @@ def normalize_rows(name, data, plan, arrays, log=False):
     # per row: a select there, or an update of the one slot, made the whole softmax 1.4-1.7x
     # slower than jraph's).
     plan = dataclasses.replace(plan, num_slots=num + 1)
-    index = jnp.maximum(ids, -1)
-    # The max is a shift only (the derivative below is the softmax's own): a scatter-max, as
-    # jraph's, into a table whose extra slot starts at NaN (a NaN max stays NaN), made from an
-    # iota (XLA does not fold that into a constant as large as the table). It scatters by the
-    # ids themselves, negative ones dropped: a table of clamped ids would be one more (N,)
-    # array live beside the exponentials.
-    extra = lax.broadcasted_iota(jnp.int32, (num + 1, *data.shape[1:]), 0) == num
-    init = jnp.where(extra, jnp.asarray(np.nan, data.dtype), jnp.asarray(-np.inf, data.dtype))
     dims = lax.ScatterDimensionNumbers(tuple(range(1, data.ndim)), (0,), (0,))
 
-    def at_rows(a):
-        return a[index]
-
-    def shift(x):
+    def run(x, ids):
+        """``(output, softmax, at_rows, sums)``. A +inf or NaN max is kept (every row of its
+        segment is NaN, as jax.nn.softmax's), so is -inf (x - max is NaN on every row of an all
+        -inf segment). Built from ``ids`` passed in: the custom_jvp below closes over no array
+        (a tracer of an enclosing jit closed over leaks into the derivative's trace)."""
+        index = jnp.maximum(ids, -1)
+        at_rows = lambda a: a[index]  # noqa: E731
+        sums = lambda v: fold(name, SUM, None, v, plan, (ids,))  # noqa: E731
+        # The max is a shift only (the derivative below is the softmax's own): a scatter-max,
+        # as jraph's, into a table whose extra slot starts at NaN (a NaN max stays NaN), made
+        # from an iota (XLA does not fold that into a constant as large as the table). It
+        # scatters by the ids themselves, negative ones dropped: a table of clamped ids would
+        # be one more (N,) array live beside the exponentials.
+        extra = lax.broadcasted_iota(jnp.int32, (num + 1, *x.shape[1:]), 0) == num
+        init = jnp.where(extra, jnp.asarray(np.nan, x.dtype), jnp.asarray(-np.inf, x.dtype))
         drop = lax.GatherScatterMode.FILL_OR_DROP
-        return lax.scatter_max(init, ids[:, None], x, dims, mode=drop)
-
-    def run(x):
-        """``(output, softmax)``. A +inf or NaN max is kept (every row of its segment is NaN, as
-        jax.nn.softmax's), so is -inf (x - max is NaN on every row of an all -inf segment)."""
-        d = x - at_rows(shift(x))
+        d = x - at_rows(lax.scatter_max(init, ids[:, None], x, dims, mode=drop))
         e = jnp.exp(d)
-        total = fold(name, SUM, None, e, plan, arrays)
+        total = sums(e)
         # One (N, *F) intermediate, the exponentials, read by the sum and by the division (as
         # jraph's). A quotient of two correctly rounded numbers: within 2 ulp of the softmax,
         # where exp(x - max - log(sum)) loses |x - max| ulp.
         p = e / at_rows(total)
         # the log-softmax: NaN where the softmax is (0 / 0 in an all -inf segment)
-        return (d - at_rows(jnp.log(total)) if log else p), p
+        return (d - at_rows(jnp.log(total)) if log else p), p, at_rows, sums
 
     @jax.custom_jvp
-    def normalized(x):
-        return run(x)[0]
+    def normalized(x, ids):
+        return run(x, ids)[0]
 
     @normalized.defjvp
     def _(primals, tangents):
-        (x,), (t,) = primals, tangents
-        y, p = run(x)
+        (x, ids), (t, _) = primals, tangents
+        y, p, at_rows, sums = run(x, ids)
         bad = jnp.isnan(p)
         p = jnp.where(bad, jnp.zeros((), p.dtype), p)  # the softmax, 0 on the bad rows
         if log:
@@ -254,18 +286,20 @@ def normalize_rows(name, data, plan, arrays, log=False):
             # meets the sums of segments whose rows are all bad: a +inf or NaN, all -inf, the
             # extra slot), so that reverse mode scatters the cotangent itself, as the jax.ops
             # program does: no masked or negated copy of it.
-            spread = at_rows(fold(name, SUM, None, p * -t, plan, arrays))
+            spread = at_rows(sums(p * -t))
             return y, jnp.where(bad, jnp.zeros((), t.dtype), t) + spread
         # p is the mask: 0 on the bad rows, whatever it multiplies there
         by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
-        spread = at_rows(fold(name, SUM, None, by_p(t), plan, arrays))
+        spread = at_rows(sums(by_p(t)))
         return y, by_p(t - spread)
 
-    return normalized(data)
+    return normalized(data, *arrays)
 
 
 __all__ = [
     "example_rows",
+    "extremum_by_scatters",
+    "extremum_rows",
     "fold",
     "in_blocks",
     "normalize",
