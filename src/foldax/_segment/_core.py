@@ -231,7 +231,8 @@ def _segment(
             return _fold.normalize_rows(name, data, plan, arrays, op == "log_softmax")
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
-        if scatters and plan.kind == "rows" and _fold.extremum_by_scatters(monoid, aval.dtype):
+        by_scatters = scatters and plan.kind == "rows"
+        if by_scatters and _fold.extremum_by_scatters(monoid, aval.dtype, chunk, n, aval.shape[1:]):
             return _fold.extremum_rows(name, monoid, data, plan, arrays)
         if empty is None:
             return _fold.fold(name, monoid, fn, data, plan, arrays, axes)

@@ -174,10 +174,21 @@ def normalize(name, fn, data, plan, arrays, log, axes=()):
     return out
 
 
-def extremum_by_scatters(monoid, dtype) -> bool:
+def extremum_by_scatters(monoid, dtype, chunk, n, features) -> bool:
     """Whether a fold that :func:`scatters` takes :func:`extremum_rows`: a max or min of
-    floating values (integer and bool ones have no derivative to change)."""
-    return monoid in (MAX, MIN) and jnp.issubdtype(dtype, jnp.floating)
+    floating values (integer and bool ones have no derivative to change), no explicit
+    ``chunk_size``, and its derivative's ``(N, *F)`` intermediates within a budget the user set
+    (else the derivative walks, in steps)."""
+    if monoid not in (MAX, MIN) or not jnp.issubdtype(dtype, jnp.floating) or chunk is not None:
+        return False
+    return _fits_budget(2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize)
+
+
+def _fits_budget(needed) -> bool:
+    """Whether ``needed`` bytes at once keep to the memory budget: the default one bounds the
+    streamed folds only (rows that exist take the jax.ops program), one the user set binds."""
+    budget = _engine.current_budget()
+    return budget == DEFAULT_BUDGET or needed <= budget
 
 
 def extremum_rows(name, monoid, data, plan, arrays):
@@ -216,9 +227,7 @@ def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
     ``chunk_size``, and its two ``(N, *F)`` intermediates within a budget the user set."""
     if fn is not None or axes or chunk is not None or accumulator(dtype) != dtype:
         return False
-    budget = _engine.current_budget()
-    needed = 2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return budget == DEFAULT_BUDGET or needed <= budget
+    return _fits_budget(2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize)
 
 
 def normalize_rows(name, data, plan, arrays, log=False):
