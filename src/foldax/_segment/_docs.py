@@ -58,6 +58,11 @@ _BWD_NORM = (
     "they save the inputs and the ``(S, ...)`` log-sum-exps; the backward pass folds one "
     "per-segment sum of the cotangent, then recomputes ``fn`` chunk by chunk to pull it back."
 )
+_BWD_EXTREMUM = _BWD_FOLD + (
+    " Rows that exist (no ``fn``) under ``segment_ids``, unbatched on CPU with no explicit "
+    "``chunk_size``, differentiate as ``jax.ops``' program does, saving which rows attain "
+    "their segment's extreme (``N * F`` booleans, not the rows)."
+)
 _BWD_INDEX = "an index has no derivative; the forward pass saves nothing."
 
 

@@ -11,14 +11,14 @@ import jax.numpy as jnp
 
 from .._reductions import ARGMAX, ARGMIN, MAX, MIN, NO_INDEX
 from ._core import _eager_call, _segment
-from ._docs import _BWD_INDEX, _documented
+from ._docs import _BWD_EXTREMUM, _BWD_INDEX, _documented
 
 if TYPE_CHECKING:
     from jaxtyping import Array, ArrayLike, Int
 
 
 @_eager_call
-@_documented()
+@_documented(_BWD_EXTREMUM)
 def segment_max(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
@@ -60,7 +60,7 @@ def segment_max(
 
 
 @_eager_call
-@_documented()
+@_documented(_BWD_EXTREMUM)
 def segment_min(
     data: ArrayLike | Any,
     segment_ids: Int[Array, " N"] | None = None,
