@@ -176,11 +176,45 @@ def test_eager_cache_keys_budget_static_ids_and_checks():
 
 
 @pytest.mark.slow
-def test_traced_calls_bypass_the_cache():
+def test_jitted_calls_bypass_the_cache():
     _eager.CACHE.clear()
     jax.jit(lambda x: foldax.segment_sum(x, IDS, num_segments=5))(X)
-    jax.grad(lambda t: foldax.segment_sum(X, IDS, num_segments=5, fn=lambda r: r * t).sum())(1.0)
+    f = lambda t: foldax.segment_sum(X, IDS, num_segments=5, fn=lambda r: r * t).sum()  # noqa: E731
+    jax.jit(jax.grad(f))(1.0)
+    jax.checkpoint(f)(1.0)
     assert len(_eager.CACHE) == 0
+
+
+def test_eager_transformations_reuse_their_executable():
+    """An eager jax.grad / jax.vmap / jax.jvp calls the cached executable with its tracers:
+    new values (of the differentiated parameter too) compile nothing, and the values are
+    right."""
+    _eager.CACHE.clear()
+    ids = np.asarray(IDS)
+
+    def loss(t, x=X):
+        return jnp.sum(foldax.segment_max(x, IDS, num_segments=5, fn=lambda r: r * t) ** 2)
+
+    def want_grad(t):  # t > 0: each max is t times the segment's, so loss = t^2 sum(m^2)
+        m = np.stack([np.asarray(X)[ids == s].max(0) for s in range(5)])
+        return 2 * t * np.sum(m.astype(np.float64) ** 2)
+
+    grad = jax.grad(loss)
+    batched = jax.vmap(lambda x: foldax.segment_sum(x, IDS, num_segments=5))
+    xs = jnp.stack([X, 2 * X, -X])
+    grad(2.0), batched(xs), jax.jvp(loss, (2.0,), (1.0,))
+    flipped = xs[::-1]
+    entries = len(_eager.CACHE)
+    with _Compiles() as c:
+        got = [grad(t) for t in (1.5, 3.0)]
+        out = batched(flipped)
+        tangent = jax.jvp(loss, (3.0,), (1.0,))[1]
+    assert c.count == 0 and len(_eager.CACHE) == entries
+    for t, g in zip((1.5, 3.0), got, strict=True):
+        assert_allclose(g, want_grad(t), dtype=jnp.float32)
+    assert_allclose(tangent, want_grad(3.0), dtype=jnp.float32)
+    for k, x in enumerate(flipped):
+        assert_allclose(out[k], jax.ops.segment_sum(x, IDS, num_segments=5), dtype=jnp.float32)
 
 
 def test_eager_errors_are_the_uncached_ones():
@@ -398,3 +432,22 @@ def test_plain_extrema_and_logsumexps_are_scatters_unless_batched():
             if name in ("max", "min"):  # (the others' peers are NaN where a max is infinite)
                 assert_allclose(f(x, ids), p(x, ids), dtype=np.float32, err_msg=name)
             assert _temp(grad, x, ids) <= _temp(jax.grad(_finite_loss(p, w)), x, ids) + slack, name
+
+
+def test_eager_transformations_keep_custom_rules():
+    """Two fns alike but for a custom_jvp rule, differentiated eagerly: each by its own rule
+    (the cache, whose key leaves rules out, does not serve them)."""
+    ids = jnp.asarray(np.arange(40) % 5, jnp.int32)
+
+    def scaled_identity(scale):
+        @jax.custom_jvp
+        def f(r):
+            return r
+
+        f.defjvp(lambda p, t: (p[0], t[0] * scale))
+        return f
+
+    for scale in (1.0, 3.0):
+        f = scaled_identity(scale)
+        g = jax.grad(lambda x, f=f: foldax.segment_sum(x, ids, num_segments=5, fn=f).sum())(X)
+        assert_allclose(g, jnp.full(X.shape, scale), dtype=jnp.float32)

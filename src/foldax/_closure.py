@@ -72,8 +72,9 @@ def trace(fn, *examples) -> tuple[Closed, list]:
 
 
 #: Parameters that only say how to *differentiate* an equation (custom_jvp / custom_vjp rules,
-#: a new function object on every trace). A cached eager executable is only ever run (its
-#: inputs are concrete arrays), never transformed, so they are not part of its key.
+#: a new function object on every trace). A cached eager executable that is only run (its inputs
+#: concrete arrays) does not need them in its key; one called under an eager grad or vmap is
+#: transformed, and the cache leaves such callables out (:func:`has_rules`).
 _RULE_PARAMS = frozenset(
     {"jvp_jaxpr_fun", "jvp_jaxpr_thunk", "fwd_jaxpr_thunk", "bwd", "out_trees"}
 )
@@ -105,6 +106,20 @@ def jaxpr_key(jaxpr) -> tuple:
         parts.append((eqn.primitive, ins, params, bind(eqn.outvars), _effects_key(eqn.effects)))
     parts.append(tuple(ref(v) for v in jaxpr.outvars))
     return tuple(parts)
+
+
+def has_rules(jaxpr) -> bool:
+    """Whether ``jaxpr`` (or one nested in it) holds an equation with a differentiation rule
+    (:data:`_RULE_PARAMS`), which :func:`jaxpr_key` leaves out."""
+    for eqn in jaxpr.eqns:
+        if _RULE_PARAMS.intersection(eqn.params):
+            return True
+        for p in eqn.params.values():
+            for q in p if isinstance(p, tuple | list) else (p,):
+                sub = getattr(q, "jaxpr", q)
+                if isinstance(sub, jax.extend.core.Jaxpr) and has_rules(sub):
+                    return True
+    return False
 
 
 def _effects_key(effects):
@@ -183,4 +198,4 @@ def static_key(v):
     return (type(v), v)
 
 
-__all__ = ["Closed", "Unkeyable", "jaxpr_key", "static_key", "trace", "value_key"]
+__all__ = ["Closed", "Unkeyable", "has_rules", "jaxpr_key", "static_key", "trace", "value_key"]

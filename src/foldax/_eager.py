@@ -1,7 +1,8 @@
 """Eager calls reuse their compilation.
 
-A public function called outside every JAX transformation (no argument, and nothing its
-``fn`` / ``kernel`` / ``mask`` closes over, is a tracer) runs as one cached ``jax.jit``. The
+A public function called outside every ``jax.jit`` (eagerly, or under an eager ``jax.grad``,
+``jax.vmap``, ``jax.jvp``: their tracers are the executable's inputs like arrays, and JAX
+differentiates or batches the cached ``jax.jit`` as it does any) runs as one cached ``jax.jit``. The
 cache key is everything that decides the trace: the function, its static arguments (by value;
 arrays among them, such as known ``segment_ids`` or ``sizes``, by content), the shapes and
 dtypes of its array arguments, the memory budget and :func:`foldax.debug_checks` in force, and
@@ -13,7 +14,7 @@ same executable, and the same ``fn`` object, or a new ``lambda`` with the same c
 cache. Two traces are the same structure when their equations, parameters, literals and
 shapes agree (:func:`foldax._closure.jaxpr_key`); sub-jaxprs are compared the same way.
 
-Anything the cache cannot key (a tracer, an array on several devices, an unhashable static
+Anything the cache cannot key (an array on several devices, an unhashable static
 argument, a callable that fails to trace) runs the call as it is: the cache changes speed,
 never results or errors.
 """
@@ -32,7 +33,7 @@ import jax
 import numpy as np
 
 from . import _checks
-from ._closure import Unkeyable, static_key, trace
+from ._closure import Unkeyable, has_rules, static_key, trace
 from ._engine import current_budget
 
 #: Executables kept (least recently used first out); each holds one compiled program.
@@ -87,8 +88,8 @@ def _is_dynamic_leaf(x) -> bool:
 
 
 def _aval_key(x):
-    if isinstance(x, jax.core.Tracer):
-        raise Unkeyable
+    if isinstance(x, jax.core.Tracer):  # of an eager grad / vmap / jvp (see _top_level)
+        return ("tracer", jax.typeof(x))
     if isinstance(x, jax.Array):
         if len(x.sharding.device_set) > 1:  # a mesh's array: its sharding decides the plan
             raise Unkeyable
@@ -105,7 +106,9 @@ def _entry(name, value, arguments, dynamic_names, hoists, dynamic):
             hoist.check(closed)
         except Exception:  # let the uncached call raise its own, clear, error
             raise Unkeyable from None
-        if any(isinstance(c, jax.core.Tracer) for c in consts):
+        if not _evaluating() and has_rules(closed.jaxpr):
+            # transformed, the executable would differentiate by the rules of the trace that
+            # made it, which the key leaves out (a new function object on every trace)
             raise Unkeyable
         dynamic.extend(consts)
         return (name, "hoisted", closed, (hoist.replay, closed, len(consts)))
@@ -175,12 +178,30 @@ class _Cache:
 CACHE = _Cache(MAX_ENTRIES)
 
 
-def _top_level() -> bool:
-    """Whether nothing is being traced (an eager call)."""
+def _evaluating() -> bool:
+    """Whether no transformation at all is being traced (the executable is only run)."""
     try:
         from jax._src import core
 
         return isinstance(core.trace_ctx.trace, core.EvalTrace)
+    except (ImportError, AttributeError):
+        return False
+
+
+def _top_level() -> bool:
+    """Whether no jit (nor anything else that stages a jaxpr) is being traced: an eager call,
+    perhaps under eager ``jax.grad`` / ``jax.vmap`` / ``jax.jvp`` (their traces sit on the
+    evaluation trace; a jit's, a ``jax.checkpoint``'s or a ``lax.scan``'s stage a jaxpr, which
+    JAX compiles and caches itself)."""
+    try:
+        from jax._src import core
+        from jax._src.interpreters import ad, batching
+
+        eager = (ad.JVPTrace, ad.LinearizeTrace, batching.BatchTrace)
+        trace = core.trace_ctx.trace
+        while isinstance(trace, eager):
+            trace = trace.parent_trace
+        return isinstance(trace, core.EvalTrace)
     except (ImportError, AttributeError):  # another JAX: rely on the tracer checks alone
         return True
 
