@@ -2,8 +2,8 @@
 
 A public function called outside every ``jax.jit`` (eagerly, or under an eager ``jax.grad``,
 ``jax.vmap``, ``jax.jvp``: their tracers are the executable's inputs like arrays, and JAX
-differentiates or batches the cached ``jax.jit`` as it does any) runs as one cached ``jax.jit``. The
-cache key is everything that decides the trace: the function, its static arguments (by value;
+differentiates or batches the cached ``jax.jit`` as it does any) runs as one cached
+``jax.jit``. The cache key is everything that decides the trace: the function, its static arguments (by value;
 arrays among them, such as known ``segment_ids`` or ``sizes``, by content), the shapes and
 dtypes of its array arguments, the memory budget and :func:`foldax.debug_checks` in force, and
 the *structure* of every user callable.
@@ -87,8 +87,10 @@ def _is_dynamic_leaf(x) -> bool:
     return isinstance(x, jax.Array | np.ndarray)
 
 
-def _aval_key(x):
-    if isinstance(x, jax.core.Tracer):  # of an eager grad / vmap / jvp (see _top_level)
+def _aval_key(x, context):
+    if isinstance(x, jax.core.Tracer):  # of an eager grad / vmap / jvp (see _context)
+        if context != "eager":
+            raise Unkeyable
         return ("tracer", jax.typeof(x))
     if isinstance(x, jax.Array):
         if len(x.sharding.device_set) > 1:  # a mesh's array: its sharding decides the plan
@@ -97,7 +99,7 @@ def _aval_key(x):
     return ("numpy", x.shape, x.dtype.str)
 
 
-def _entry(name, value, arguments, dynamic_names, hoists, dynamic):
+def _entry(name, value, arguments, dynamic_names, hoists, dynamic, context):
     """``(name, kind, key, payload)`` for one argument; its dynamic arrays appended."""
     if name in hoists and value is not None and callable(value):
         hoist = hoists[name]
@@ -106,7 +108,9 @@ def _entry(name, value, arguments, dynamic_names, hoists, dynamic):
             hoist.check(closed)
         except Exception:  # let the uncached call raise its own, clear, error
             raise Unkeyable from None
-        if not _evaluating() and has_rules(closed.jaxpr):
+        if any(isinstance(c, jax.core.Tracer) for c in consts) and context != "eager":
+            raise Unkeyable
+        if context != "eval" and has_rules(closed.jaxpr):
             # transformed, the executable would differentiate by the rules of the trace that
             # made it, which the key leaves out (a new function object on every trace)
             raise Unkeyable
@@ -116,7 +120,7 @@ def _entry(name, value, arguments, dynamic_names, hoists, dynamic):
         leaves, tree = jax.tree.flatten(value)
         is_dynamic = [_is_dynamic_leaf(x) for x in leaves]
         keys = tuple(
-            _aval_key(x) if d else ("static", static_key(x))
+            _aval_key(x, context) if d else ("static", static_key(x))
             for x, d in zip(leaves, is_dynamic, strict=True)
         )
         dynamic.extend(x for x, d in zip(leaves, is_dynamic, strict=True) if d)
@@ -178,32 +182,25 @@ class _Cache:
 CACHE = _Cache(MAX_ENTRIES)
 
 
-def _evaluating() -> bool:
-    """Whether no transformation at all is being traced (the executable is only run)."""
-    try:
-        from jax._src import core
-
-        return isinstance(core.trace_ctx.trace, core.EvalTrace)
-    except (ImportError, AttributeError):
-        return False
-
-
-def _top_level() -> bool:
-    """Whether no jit (nor anything else that stages a jaxpr) is being traced: an eager call,
-    perhaps under eager ``jax.grad`` / ``jax.vmap`` / ``jax.jvp`` (their traces sit on the
-    evaluation trace; a jit's, a ``jax.checkpoint``'s or a ``lax.scan``'s stage a jaxpr, which
-    JAX compiles and caches itself)."""
+def _context() -> str:
+    """What is being traced: ``"eval"`` (nothing: an eager call), ``"eager"`` (only eager
+    ``jax.grad`` / ``jax.vmap`` / ``jax.jvp``, whose traces sit on the evaluation trace and
+    whose tracers are the executable's inputs) or ``"staged"`` (a jit, ``jax.checkpoint``,
+    ``lax.scan``: a jaxpr, which JAX compiles and caches itself). Another JAX, whose traces
+    this cannot tell apart: ``"eval"``, and a tracer met is not keyed (:func:`_aval_key`)."""
     try:
         from jax._src import core
         from jax._src.interpreters import ad, batching
 
         eager = (ad.JVPTrace, ad.LinearizeTrace, batching.BatchTrace)
         trace = core.trace_ctx.trace
-        while isinstance(trace, eager):
-            trace = trace.parent_trace
-        return isinstance(trace, core.EvalTrace)
-    except (ImportError, AttributeError):  # another JAX: rely on the tracer checks alone
-        return True
+    except (ImportError, AttributeError):
+        return "eval"
+    if isinstance(trace, core.EvalTrace):
+        return "eval"
+    while isinstance(trace, eager):
+        trace = trace.parent_trace
+    return "eager" if isinstance(trace, core.EvalTrace) else "staged"
 
 
 def cached(*, dynamic: tuple[str, ...], hoist: dict[str, Hoist] | None = None):
@@ -217,13 +214,15 @@ def cached(*, dynamic: tuple[str, ...], hoist: dict[str, Hoist] | None = None):
 
         @functools.wraps(impl)
         def call(*args, **kwargs):
-            if not _top_level():  # inside a transformation: JAX caches the enclosing trace
+            context = _context()
+            if context == "staged":  # JAX caches the enclosing trace
                 return impl(*args, **kwargs)
             try:
                 arguments = signature.bind(*args, **kwargs).arguments
                 found = []
                 entries = tuple(
-                    _entry(n, v, arguments, dynamic, hoists, found) for n, v in arguments.items()
+                    _entry(n, v, arguments, dynamic, hoists, found, context)
+                    for n, v in arguments.items()
                 )
             except (Unkeyable, TypeError):
                 return impl(*args, **kwargs)

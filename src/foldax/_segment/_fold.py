@@ -181,13 +181,15 @@ def extremum_by_scatters(monoid, dtype, chunk, n, features) -> bool:
     (else the derivative walks, in steps)."""
     if monoid not in (MAX, MIN) or not jnp.issubdtype(dtype, jnp.floating) or chunk is not None:
         return False
-    return _fits_budget(2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return _fits_budget(n, features, dtype)
 
 
-def _fits_budget(needed) -> bool:
-    """Whether ``needed`` bytes at once keep to the memory budget: the default one bounds the
-    streamed folds only (rows that exist take the jax.ops program), one the user set binds."""
+def _fits_budget(n, features, dtype) -> bool:
+    """Whether two ``(N, *F)`` intermediates at once keep to the memory budget: the default one
+    bounds the streamed folds only (rows that exist take the jax.ops program), one the user
+    set binds."""
     budget = _engine.current_budget()
+    needed = 2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize
     return budget == DEFAULT_BUDGET or needed <= budget
 
 
@@ -227,7 +229,7 @@ def normalizes_by_scatters(fn, dtype, axes, chunk, n, features) -> bool:
     ``chunk_size``, and its two ``(N, *F)`` intermediates within a budget the user set."""
     if fn is not None or axes or chunk is not None or accumulator(dtype) != dtype:
         return False
-    return _fits_budget(2 * n * int(np.prod(features, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return _fits_budget(n, features, dtype)
 
 
 def normalize_rows(name, data, plan, arrays, log=False):
