@@ -78,63 +78,87 @@ def derived(parent, derivative, shape):
     return DERIVED[parent].get(derivative) if parent else None
 
 
-def _segment_sum(x, ids, num_slots):
-    return jax.ops.segment_sum(x, ids, num_slots, mode="drop")
+@dataclasses.dataclass(frozen=True)
+class _Index:
+    """A ``"rows"`` plan's ids ``(N,)`` into ``num_slots`` slots; ``in_range``: all known to lie
+    in ``[0, num_slots)`` (:class:`foldax._engine.PlanSpec`), so no row is dropped."""
+
+    ids: jax.Array
+    num_slots: int
+    in_range: bool
+
+    @property
+    def _mode(self):
+        return "promise_in_bounds" if self.in_range else "drop"
+
+    def sum(self, x):
+        """Rows ``x`` summed per slot, the rows dropped left out."""
+        return jax.ops.segment_sum(x, self.ids, self.num_slots, mode=self._mode)
+
+    def extreme(self, x, is_max):
+        """The max (``is_max``) or min of rows ``x`` per slot."""
+        reduce = jax.ops.segment_max if is_max else jax.ops.segment_min
+        return reduce(x, self.ids, self.num_slots, mode=self._mode)
+
+    def at_rows(self, a):
+        """``a[ids]`` per row; a row dropped reads some slot (a clamped gather: ``jnp.take``'s
+        ``fill`` mode costs 2-3x as much on CPU)."""
+        if self.in_range:
+            return a.at[self.ids].get(mode="promise_in_bounds")
+        return jnp.take(a, jnp.clip(self.ids, 0, self.num_slots - 1), axis=0, mode="clip")
+
+    def keep(self, ndim):
+        """Whether each row is kept, broadcastable against values of ``ndim`` dimensions."""
+        keep = (self.ids >= 0) & (self.ids < self.num_slots)
+        return keep.reshape(keep.shape + (1,) * (ndim - 1))
+
+    def kept(self, v):
+        """``v`` per row, 0 on the rows dropped (a select per value, unless none is dropped)."""
+        if self.in_range:
+            return v
+        return jnp.where(self.keep(v.ndim), v, jnp.zeros((), v.dtype))
 
 
-def _at_rows(a, ids, num_slots):
-    """``a[ids]`` per row; a row dropped reads some slot (a clamped gather: ``jnp.take``'s
-    ``fill`` mode costs 2-3x as much on CPU)."""
-    return jnp.take(a, jnp.clip(ids, 0, num_slots - 1), axis=0, mode="clip")
+def _sum(ix, slots, rows):
+    return (ix.sum(rows[0]),), (), ()
 
 
-def _kept(ids, num_slots, v):
-    """``v`` per row, 0 on the rows dropped."""
-    keep = (ids >= 0) & (ids < num_slots)
-    return jnp.where(keep.reshape(keep.shape + (1,) * (v.ndim - 1)), v, jnp.zeros((), v.dtype))
+def _sum_tangent(ix, slots, rows):
+    return (ix.sum(rows[-1]),), (), ()
 
 
-def _sum(ids, num_slots, slots, rows):
-    return (_segment_sum(rows[0], ids, num_slots),), (), ()
-
-
-def _sum_tangent(ids, num_slots, slots, rows):
-    return (_segment_sum(rows[-1], ids, num_slots),), (), ()
-
-
-def _sum_gather(ids, num_slots, slots, rows):
-    return (), (), (_kept(ids, num_slots, _at_rows(slots[-1], ids, num_slots)),)
+def _sum_gather(ix, slots, rows):
+    return (), (), (ix.kept(ix.at_rows(slots[-1])),)
 
 
 def _extremum(is_max):
-    def lower(ids, num_slots, slots, rows):
+    def lower(ix, slots, rows):
         x = rows[0]
-        reduce = jax.ops.segment_max if is_max else jax.ops.segment_min
-        m = reduce(x, ids, num_slots, mode="drop")
-        hit = _hits(x, ids, num_slots, m).astype(jnp.int32)
-        return (m, _segment_sum(hit, ids, num_slots)), (), ()
+        m = ix.extreme(x, is_max)
+        hit = _hits(x, ix, m).astype(jnp.int32)
+        return (m, ix.sum(hit)), (), ()
 
     return lower
 
 
 def _logsumexp(mean):
-    def lower(ids, num_slots, slots, rows):
+    def lower(ix, slots, rows):
         x = rows[0]
-        m = jax.ops.segment_max(x, ids, num_slots, mode="drop")
+        m = ix.extreme(x, True)
         shift = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
-        s = _segment_sum(jnp.exp(x - _at_rows(shift, ids, num_slots)), ids, num_slots)
+        s = ix.sum(jnp.exp(x - ix.at_rows(shift)))
         logs = jnp.log(s)
         out = shift + logs
         if not mean:
             return (out, m, logs), (), ()
-        count = _segment_sum(jnp.ones(ids.shape, jnp.int32), ids, num_slots)
+        count = ix.sum(jnp.ones(ix.ids.shape, jnp.int32))
         n = count.reshape(count.shape + (1,) * (out.ndim - 1)).astype(out.dtype)
         return (out - jnp.log(n), m, logs, count), (), ()
 
     return lower
 
 
-def _lse_gather(ids, num_slots, slots, rows):
+def _lse_gather(ix, slots, rows):
     """Per row ``g * exp(x - logsumexp)`` of its segment (``slots``: the log-sum-exp's info
     ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as
     ``exp(x - m) * (g / sum)``: two gathers per row (XLA:CPU's gathers, fused into the rows'
@@ -147,18 +171,18 @@ def _lse_gather(ids, num_slots, slots, rows):
     shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m)  # NaN and +inf kept: masked below
     scale = jnp.where((m > -jnp.inf) & (g != 0), g * jnp.exp(-rel), jnp.zeros_like(rel))
     scale = jnp.where((m == jnp.inf) & (g != 0), jnp.full_like(rel, jnp.nan), scale)
-    shift_r, scale_r = _at_rows(shift, ids, num_slots), _at_rows(scale, ids, num_slots)
-    keep = ((ids >= 0) & (ids < num_slots)).reshape(ids.shape + (1,) * (x.ndim - 1))
+    shift_r, scale_r = ix.at_rows(shift), ix.at_rows(scale)
     a = x.astype(rel.dtype) - shift_r
-    live = keep & ~jnp.isnan(shift_r) & (scale_r != 0) & (a != -jnp.inf)
+    live = ~jnp.isnan(shift_r) & (scale_r != 0) & (a != -jnp.inf)
+    live = live if ix.in_range else live & ix.keep(x.ndim)
     out = jnp.where(live, jnp.exp(a) * scale_r, jnp.zeros_like(a))
     return (), (), (out.astype(x.dtype),)
 
 
-def _hits(x, ids, num_slots, m):
+def _hits(x, ix, m):
     """The rows that attain their slot's extreme ``m`` (a row dropped may read as one: the
     scatter drops it again; so the shifted exponentials of the log-sum-exp)."""
-    return x == _at_rows(m, ids, num_slots)
+    return x == ix.at_rows(m)
 
 
 def whole(spec):
@@ -179,10 +203,11 @@ _LOWER = {
 }
 
 
-def lower(kind, out_avals, num_slots, arrays, consts, slots, rows):
-    """The fold's outputs ``(slot outs, tots, row outs)``, matching ``out_avals``."""
+def lower(kind, out_avals, plan, arrays, consts, slots, rows):
+    """The fold's outputs ``(slot outs, tots, row outs)``, matching ``out_avals``; ``plan``: the
+    fold's ``"rows"`` :class:`foldax._engine.PlanSpec`."""
     (ids,) = arrays
-    outs = _LOWER[kind](ids, num_slots, slots, rows)
+    outs = _LOWER[kind](_Index(ids, plan.num_slots, plan.in_range), slots, rows)
     return jax.tree.map(lambda o, a: o.astype(a.dtype), outs, tuple(map(tuple, out_avals)))
 
 

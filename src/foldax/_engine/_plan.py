@@ -48,7 +48,9 @@ class PlanSpec:
     on a mesh the largest over devices) number of tiles each gives. ``None`` for traced sizes.
     ``chunk``: explicit rows per step (``int``) or ``(bi, bj)`` (dense); ``None`` = from budget.
     ``row_axis``: the axis of the rows in the ``rows`` arrays: 0, or -1 (dense plans only: a
-    pairwise reduction may walk ``y`` transposed).
+    pairwise reduction may walk ``y`` transposed). ``in_range`` (``"rows"`` plans): every id is
+    known to lie in ``[0, num_slots)`` (static ids, or ids clipped into range), so a program
+    that gathers per row needs no mask for the rows dropped.
     """
 
     kind: str
@@ -57,6 +59,7 @@ class PlanSpec:
     tilings: tuple | None = None
     chunk: Any = None
     row_axis: int = 0
+    in_range: bool = False
 
 
 def static_tilings(n, shares) -> tuple:

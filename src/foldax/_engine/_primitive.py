@@ -242,7 +242,7 @@ class Fold(_Rules):
         if _direct.applies(spec.direct, spec, platform, row_bytes):
             if spec.direct == "whole":
                 return _run(_direct.whole(spec), spec.plan.n, self.out_aval, *args)
-            return _direct.lower(spec.direct, self.out_aval, spec.plan.num_slots, *args)
+            return _direct.lower(spec.direct, self.out_aval, spec.plan, *args)
         units = plan_units(spec, self.in_avals)
         return _run(spec, units, self.out_aval, *args)
 

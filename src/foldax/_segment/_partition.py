@@ -128,7 +128,7 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
         work = _working_ids(ids, num_segments, clip, jnp)
         if indices_are_sorted:  # the caller's promise, checked inside foldax.debug_checks
             _checks.check_partition(name, "segment_ids", work if clip else ids, n)
-        return _Ids(work, num_segments, bool(indices_are_sorted))
+        return _Ids(work, num_segments, bool(indices_are_sorted), in_range=clip)
     work = _working_ids(static, num_segments, clip, np)
     err = _checks.unsorted_error(work if clip else static) if indices_are_sorted else None
     if err is not None:  # (clipped ids are checked as clipped, like traced ones)
@@ -136,7 +136,7 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
     if _checks.first_decrease(work) is None:  # known and sorted: contiguous, the tiled path
         bounds = np.searchsorted(work, np.arange(num_segments + 1), side="left")
         return _Contiguous(np.diff(bounds), bounds[:-1], num_segments, work)
-    return _Ids(static_table(work), num_segments, False)
+    return _Ids(static_table(work), num_segments, False, in_range=_within(work, num_segments))
 
 
 def _ids_input(name, n, segment_ids):
@@ -221,7 +221,8 @@ class _Contiguous:
         ids = self.ids
         if ids is None:
             ids = np.repeat(np.arange(self.num_segments, dtype=np.int32), self.sizes)
-        return _Ids(static_table(ids.astype(np.int32)), self.num_segments, False)
+        in_range = _within(ids, self.num_segments)
+        return _Ids(static_table(ids.astype(np.int32)), self.num_segments, False, in_range)
 
     def arrays(self):
         """The traced arrays (replicated on a mesh); static ones enter in :meth:`plan`."""
@@ -258,18 +259,25 @@ class _Contiguous:
         return spec, (hi - lo, lo)
 
 
-class _Ids:
-    """Per-row ``segment_ids`` (traced, or static but unsorted)."""
+def _within(ids, num_segments) -> bool:
+    """Whether static ``ids`` all lie in ``[0, num_segments)`` (none is dropped)."""
+    return bool(ids.size == 0 or (ids.min() >= 0 and ids.max() < num_segments))
 
-    def __init__(self, ids, num_segments, sorted_):
+
+class _Ids:
+    """Per-row ``segment_ids`` (traced, or static but unsorted); ``in_range``: every id is known
+    to lie in ``[0, num_segments)`` (static ids that do, or ids clipped into range)."""
+
+    def __init__(self, ids, num_segments, sorted_, in_range=False):
         self.ids, self.num_segments, self.sorted = ids, num_segments, sorted_
+        self.in_range = in_range
 
     def arrays(self):
         return (self.ids,)
 
     def by_ids(self):
         """The same partition walked by rows (no contiguous tiles)."""
-        return _Ids(self.ids, self.num_segments, False)
+        return _Ids(self.ids, self.num_segments, False, self.in_range)
 
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
         """``(PlanSpec, arrays)`` over this device's ``n`` rows (``arrays``: its ids)."""
@@ -282,7 +290,8 @@ class _Ids:
             ).astype(jnp.int32)
             spec = _engine.PlanSpec("tiles", n, self.num_segments, None, chunk)
             return spec, (jnp.diff(b), b[:-1])
-        return _engine.PlanSpec("rows", n, self.num_segments, None, chunk), (ids,)
+        spec = _engine.PlanSpec("rows", n, self.num_segments, None, chunk, in_range=self.in_range)
+        return spec, (ids,)
 
 
 def _mode(name, mode, unique_indices, bucket_size) -> bool:
