@@ -52,10 +52,13 @@ class SeedProblem:
         return int(self.x.shape[0])
 
 
-def seed_problem(repeat: int = 1, batch: int = 10, seed: int = 0, shrink: int = 1) -> SeedProblem:
+def seed_problem(
+    repeat: int = 1, batch: int = 10, seed: int = 0, shrink: int = 1, segments: int | None = None
+) -> SeedProblem:
     """The ragged logsumexp workload; ``repeat`` tiles the segment sizes (N x repeat rows); ``shrink``
-    divides every size (at least 1 row each; for quick runs)."""
-    sizes = [max(1, s // shrink) for s in seed_sizes()] * repeat
+    divides every size (at least 1 row each; for quick runs); ``segments`` keeps only the first
+    that many segments (the test suite's runs: a slicing loop compiles one slice per segment)."""
+    sizes = [max(1, s // shrink) for s in seed_sizes()[:segments]] * repeat
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((sum(sizes), FEATURES), dtype=np.float32)
     thetas = 0.5 * rng.standard_normal((batch, FEATURES), dtype=np.float32)

@@ -48,6 +48,7 @@ class Config:
     overhead_shrink: int = 1  # divides the seed sizes of the overhead workload's compile rows
     likelihood_shrink: int = 1  # divides the seed sizes of the likelihood workload
     kmin_ks: tuple = (5, 16, 32, 64, 128)  # the k of the nearest workload's k-min rows
+    seed_segments: int | None = None  # the seed workload's first segments only (None: all 123)
 
 
 FULL = Config(
@@ -91,6 +92,7 @@ TINY = dataclasses.replace(
     overhead_shrink=1000,
     likelihood_shrink=1000,
     kmin_ks=(5, 16),
+    seed_segments=16,
 )
 TINY_ENV = "FOLDAX_BENCH_TINY"
 

@@ -38,7 +38,7 @@ def bench_seed(cfg: Config, prog: Progress) -> list[dict]:
 
     rows = []
     for repeat, shrink, loop in cfg.seed_cases:
-        problem = w.seed_problem(repeat=repeat, shrink=shrink)
+        problem = w.seed_problem(repeat=repeat, shrink=shrink, segments=cfg.seed_segments)
         case = f"N = {problem.n:,}"
         prog.note(f"seed {case}: float64 reference")
         ref = w.reference(problem)
