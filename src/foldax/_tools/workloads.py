@@ -52,12 +52,9 @@ class SeedProblem:
         return int(self.x.shape[0])
 
 
-def seed_problem(
-    repeat: int = 1, batch: int = 10, seed: int = 0, shrink: int = 1, segments: int | None = None
-) -> SeedProblem:
+def seed_problem(repeat=1, batch=10, seed=0, shrink=1, segments=None) -> SeedProblem:
     """The ragged logsumexp workload; ``repeat`` tiles the segment sizes (N x repeat rows); ``shrink``
-    divides every size (at least 1 row each; for quick runs); ``segments`` keeps only the first
-    that many segments (the test suite's runs: a slicing loop compiles one slice per segment)."""
+    divides every size (at least 1 row each; quick runs); ``segments`` keeps the first (tests)."""
     sizes = [max(1, s // shrink) for s in seed_sizes()[:segments]] * repeat
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((sum(sizes), FEATURES), dtype=np.float32)
