@@ -3,6 +3,7 @@
 
     .venv/bin/python dev/segment-policy/softmax_turns.py            # E = 1 M rows, V = 100 k
     .venv/bin/python dev/segment-policy/softmax_turns.py --batch 8  # under vmap of 8
+    .venv/bin/python dev/segment-policy/softmax_turns.py --layout sizes  # contiguous segments
 """
 
 from __future__ import annotations
@@ -26,16 +27,26 @@ def main():
     p.add_argument("--segments", type=int, default=100_000)
     p.add_argument("--features", type=int, default=8)
     p.add_argument("--batch", type=int, default=0, help="vmap over this many (0: none)")
+    p.add_argument(
+        "--layout", choices=("ids", "sizes"), default="ids",
+        help="unsorted ids, or sizes for foldax against the same sorted ids for jraph",
+    )  # fmt: skip
     a = p.parse_args()
     rng = np.random.default_rng(4)
-    ids = jnp.asarray(rng.integers(0, a.segments, a.rows).astype(np.int32))
+    ids_np = rng.integers(0, a.segments, a.rows).astype(np.int32)
+    if a.layout == "sizes":
+        ids_np = np.sort(ids_np)
+    ids = jnp.asarray(ids_np)
+    sizes = np.bincount(ids_np, minlength=a.segments).tolist()
     shape = ((a.batch,) if a.batch else ()) + (a.rows, a.features)
     x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
     wgt = jnp.asarray(rng.standard_normal(shape), jnp.float32)
     ways = {
-        "jraph": functools.partial(jraph_softmax, v=a.segments, sorted_=False),
+        "jraph": functools.partial(jraph_softmax, v=a.segments, sorted_=a.layout == "sizes"),
         "foldax": lambda x, i: foldax.segment_softmax(x, i, a.segments),
     }
+    if a.layout == "sizes":
+        ways["foldax"] = lambda x, i: foldax.segment_softmax(x, sizes=sizes)
     if a.batch:
         ways = {k: jax.vmap(f, (0, None)) for k, f in ways.items()}
     want = np.asarray(jax.jit(ways["jraph"])(x, ids))

@@ -29,6 +29,9 @@ Kinds (the fold's arguments are ``(arrays, consts, slots, rows)``; ``arrays = (i
   scatter-max, then a scatter-add of ``exp(x - max)`` -- the per-segment shift kept;
 * ``"lse_gather"``: the cotangent fold of a log-sum-exp from its result's cotangent alone:
   outputs ``((), (), (g * softmax weight per row,))`` from ``slots = (m, rel, g)``;
+* ``"runs_logsumexp"`` / ``"runs_logmeanexp"``: a log-sum-exp of one value per row over
+  contiguous segments (a ``"tiles"`` plan) in one read of the data (:mod:`._runs`); their
+  derived folds walk;
 * ``"whole"``: the fold's own step over every row at once (:func:`whole`), for the derived
   folds of the extrema and log-sum-exps: per row, its slot's states gathered, the body's tangent or cotangent,
   and for a tangent a scatter-add into the slots -- a gather and a scatter, without a loop.
@@ -55,7 +58,12 @@ DERIVED = {
     "scatter_tangent": {},
     "gather": {},
     "lse_gather": {},
+    "runs_logsumexp": {},
+    "runs_logmeanexp": {},
 }
+
+#: The kinds over contiguous segments (a ``"tiles"`` plan), lowered by :mod:`._runs`.
+RUNS = ("runs_logsumexp", "runs_logmeanexp")
 
 _LOGSUMEXPS = ("scatter_logsumexp", "scatter_logmeanexp")
 
@@ -231,8 +239,10 @@ def applies(kind, spec, platform, row_bytes=None) -> bool:
         and spec.scale == 1
         and not (spec.axes or spec.ring)
         and spec.pair_mask is None
-        and spec.plan.kind == "rows"
+        and spec.plan.kind == ("tiles" if kind in RUNS else "rows")
     )
+    if plain and kind in RUNS:  # one tile at a time, whatever the budget
+        return spec.plan.chunk is None
     if not plain or kind not in _PER_ROW:
         return plain
     if spec.plan.chunk is not None:
@@ -240,4 +250,4 @@ def applies(kind, spec, platform, row_bytes=None) -> bool:
     return spec.budget == DEFAULT_BUDGET or row_bytes() * spec.plan.n <= spec.budget
 
 
-__all__ = ["DERIVED", "applies", "derived", "lower"]
+__all__ = ["DERIVED", "RUNS", "applies", "derived", "lower"]

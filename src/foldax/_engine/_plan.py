@@ -31,8 +31,10 @@ from jax import lax
 
 from .._reductions._base import _take
 
-#: Tile heights are powers of two up to this.
+#: The walk's tile heights are powers of two up to this.
 MAX_TILE = 2048
+#: Static tilings go up to this height (:mod:`._runs` reads one tile per step).
+MAX_RUN_TILE = 8192
 #: Rows of y per block of a dense plan (the innermost, vectorised axis).
 DENSE_BJ = 64
 #: Rows of x per block of a dense plan when a block of ``DENSE_BJ`` would not fit.
@@ -44,7 +46,7 @@ class PlanSpec:
     """What is known when a reduction is called: the kind, the sizes, explicit step sizes.
 
     ``tilings`` (``"tiles"`` with static segment sizes): ``((T, num_tiles), ...)``, the tile
-    heights that waste at most ~4% of rows on partial tiles, largest first, with the (exact, or
+    heights up to ``MAX_RUN_TILE`` that waste at most ~4% of rows on partial tiles, largest first, with the (exact, or
     on a mesh the largest over devices) number of tiles each gives. ``None`` for traced sizes.
     ``chunk``: explicit rows per step (``int``) or ``(bi, bj)`` (dense); ``None`` = from budget.
     ``row_axis``: the axis of the rows in the ``rows`` arrays: 0, or -1 (dense plans only: a
@@ -63,12 +65,17 @@ class PlanSpec:
 
 
 def static_tilings(n, shares) -> tuple:
-    """``PlanSpec.tilings`` for static segment sizes ``shares`` (``(S,)`` or one row per device)."""
+    """``PlanSpec.tilings`` for static segment sizes ``shares`` (``(S,)`` or one row per device).
+
+    The walk's heights (up to ``MAX_TILE``) waste at most ~4% of the rows; the taller ones, read
+    one tile per step by :mod:`._runs`, up to ~12%: the rows a segment's last tile reads past
+    its end are the next segment's, read again from cache."""
     shares = np.atleast_2d(np.asarray(shares, np.int64))
     out = []
-    for t in (2**k for k in range(int(math.log2(max(1, min(MAX_TILE, n)))), -1, -1)):
+    for t in (2**k for k in range(int(math.log2(max(1, min(MAX_RUN_TILE, n)))), -1, -1)):
         counts = np.sum(-(-shares // t), axis=1)
-        if t == 1 or np.all(counts * t <= 1.04 * n + t):
+        waste = 1.04 if t <= MAX_TILE else 1.12
+        if t == 1 or np.all(counts * t <= waste * n + t):
             out.append((t, int(counts.max())))
     return tuple(out)
 
@@ -125,7 +132,7 @@ def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
         rows = spec.chunk or units
         sizes, offsets, *known = arrays  # known: static_ends, one table per tiling
         if spec.tilings is not None:
-            k = next((i for i, (t, _) in enumerate(spec.tilings) if t <= rows), -1)
+            k = next((i for i, (t, _) in enumerate(spec.tilings) if t <= min(rows, MAX_TILE)), -1)
             tile, count = spec.tilings[k]
         else:
             tile = _traced_tile(spec.n, spec.num_slots, rows)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax.interpreters.ad import Zero
 
 from .. import _shard
-from . import _direct
+from . import _direct, _runs
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
 from ._loop import _run, _typed_out_avals
 from ._probe import plan_units, unit_bytes
@@ -242,9 +242,14 @@ class Fold(_Rules):
         if _direct.applies(spec.direct, spec, platform, row_bytes):
             if spec.direct == "whole":
                 return _run(_direct.whole(spec), spec.plan.n, self.out_aval, *args)
+            if spec.direct in _direct.RUNS:
+                return _runs.lower(spec, self.out_aval, self._walk, *args)
             return _direct.lower(spec.direct, self.out_aval, spec.plan, *args)
-        units = plan_units(spec, self.in_avals)
-        return _run(spec, units, self.out_aval, *args)
+        return self._walk(*args)
+
+    def _walk(self, *args):
+        """The fold as the engine's loop walks it."""
+        return _run(self.spec, plan_units(self.spec, self.in_avals), self.out_aval, *args)
 
     def scaled(self, k):
         return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)

@@ -103,6 +103,8 @@ def fold(name, monoid, fn, data, plan, arrays, axes=(), all_outputs=False, scatt
 
     plain = scatter and plan.kind == "rows"
     direct = scatters(fn, jnp.result_type(data), monoid, axes) if plain else None
+    if scatter and plan.kind == "tiles":
+        direct = runs(fn, data, monoid, axes)
     budget = _engine.current_budget()
     spec = _engine.Spec(plan, body, monoid, budget, axes=axes, name=name, direct=direct)
     outs, _, _ = _engine.fold(spec, arrays, consts, (), jax.tree.leaves(data))
@@ -125,6 +127,17 @@ def scatters(fn, dtype, monoid, axes) -> str | None:
         return None
     return _SCATTERS.get(monoid)
 
+
+def runs(fn, data, monoid, axes) -> str | None:
+    """The program a fold over contiguous segments is when it is not batched (a kind of
+    :mod:`foldax._engine._direct`), or ``None`` (the walk): a log-sum-exp (or log-mean-exp) of
+    plain data, one value per row, on one device, read once (:mod:`foldax._engine._runs`)."""
+    if fn is not None or axes or not hasattr(data, "ndim") or data.ndim != 1:
+        return None
+    return _RUNS.get(monoid)
+
+
+_RUNS = {LOGSUMEXP: "runs_logsumexp", LOGMEANEXP: "runs_logmeanexp"}
 
 #: the scatter of each additive reduction, in a dtype that accumulates in itself
 _SCATTERS = {SUM: "scatter", LOGSUMEXP: "scatter_logsumexp", LOGMEANEXP: "scatter_logmeanexp"}
