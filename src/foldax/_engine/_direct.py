@@ -89,11 +89,13 @@ def derived(parent, derivative, shape):
 @dataclasses.dataclass(frozen=True)
 class _Index:
     """A ``"rows"`` plan's ids ``(N,)`` into ``num_slots`` slots; ``in_range``: all known to lie
-    in ``[0, num_slots)`` (:class:`foldax._engine.PlanSpec`), so no row is dropped."""
+    in ``[0, num_slots)``, so no row is dropped; ``sorted``: known or promised to be sorted
+    (:class:`foldax._engine.PlanSpec`)."""
 
     ids: jax.Array
     num_slots: int
     in_range: bool
+    sorted: bool = False
 
     @property
     def _mode(self):
@@ -101,12 +103,14 @@ class _Index:
 
     def sum(self, x):
         """Rows ``x`` summed per slot, the rows dropped left out."""
-        return jax.ops.segment_sum(x, self.ids, self.num_slots, mode=self._mode)
+        return jax.ops.segment_sum(
+            x, self.ids, self.num_slots, indices_are_sorted=self.sorted, mode=self._mode
+        )
 
     def extreme(self, x, is_max):
         """The max (``is_max``) or min of rows ``x`` per slot."""
         reduce = jax.ops.segment_max if is_max else jax.ops.segment_min
-        return reduce(x, self.ids, self.num_slots, mode=self._mode)
+        return reduce(x, self.ids, self.num_slots, indices_are_sorted=self.sorted, mode=self._mode)
 
     def at_rows(self, a):
         """``a[ids]`` per row; a row dropped reads some slot (a clamped gather: ``jnp.take``'s
@@ -215,7 +219,7 @@ def lower(kind, out_avals, plan, arrays, consts, slots, rows):
     """The fold's outputs ``(slot outs, tots, row outs)``, matching ``out_avals``; ``plan``: the
     fold's ``"rows"`` :class:`foldax._engine.PlanSpec`."""
     (ids,) = arrays
-    outs = _LOWER[kind](_Index(ids, plan.num_slots, plan.in_range), slots, rows)
+    outs = _LOWER[kind](_Index(ids, plan.num_slots, plan.in_range, plan.sorted_ids), slots, rows)
     return jax.tree.map(lambda o, a: o.astype(a.dtype), outs, tuple(map(tuple, out_avals)))
 
 

@@ -52,7 +52,8 @@ class PlanSpec:
     ``row_axis``: the axis of the rows in the ``rows`` arrays: 0, or -1 (dense plans only: a
     pairwise reduction may walk ``y`` transposed). ``in_range`` (``"rows"`` plans): every id is
     known to lie in ``[0, num_slots)`` (static ids, or ids clipped into range), so a program
-    that gathers per row needs no mask for the rows dropped.
+    that gathers per row needs no mask for the rows dropped; ``sorted_ids`` (``"rows"`` plans):
+    the ids are known, or promised by the caller, to be sorted (XLA's scatters are told so).
     """
 
     kind: str
@@ -62,6 +63,7 @@ class PlanSpec:
     chunk: Any = None
     row_axis: int = 0
     in_range: bool = False
+    sorted_ids: bool = False
 
 
 def static_tilings(n, shares) -> tuple:

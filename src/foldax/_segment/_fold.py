@@ -284,7 +284,10 @@ def normalize_rows(name, data, plan, arrays, log=False):
         extra = lax.broadcasted_iota(jnp.int32, (num + 1, *x.shape[1:]), 0) == num
         init = jnp.where(extra, jnp.asarray(np.nan, x.dtype), jnp.asarray(-np.inf, x.dtype))
         drop = lax.GatherScatterMode.FILL_OR_DROP
-        d = x - at_rows(lax.scatter_max(init, ids[:, None], x, dims, mode=drop))
+        top = lax.scatter_max(
+            init, ids[:, None], x, dims, indices_are_sorted=plan.sorted_ids, mode=drop
+        )
+        d = x - at_rows(top)
         e = jnp.exp(d)
         total = sums(e)
         # One (N, *F) intermediate, the exponentials, read by the sum and by the division (as

@@ -128,7 +128,8 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
         work = _working_ids(ids, num_segments, clip, jnp)
         if indices_are_sorted:  # the caller's promise, checked inside foldax.debug_checks
             _checks.check_partition(name, "segment_ids", work if clip else ids, n)
-        return _Ids(work, num_segments, bool(indices_are_sorted), in_range=clip)
+        promised = bool(indices_are_sorted)
+        return _Ids(work, num_segments, promised, in_range=clip, ordered=promised)
     work = _working_ids(static, num_segments, clip, np)
     err = _checks.unsorted_error(work if clip else static) if indices_are_sorted else None
     if err is not None:  # (clipped ids are checked as clipped, like traced ones)
@@ -222,7 +223,8 @@ class _Contiguous:
         if ids is None:
             ids = np.repeat(np.arange(self.num_segments, dtype=np.int32), self.sizes)
         in_range = _within(ids, self.num_segments)
-        return _Ids(static_table(ids.astype(np.int32)), self.num_segments, False, in_range)
+        table = static_table(ids.astype(np.int32))
+        return _Ids(table, self.num_segments, False, in_range, ordered=True)
 
     def arrays(self):
         """The traced arrays (replicated on a mesh); static ones enter in :meth:`plan`."""
@@ -265,19 +267,21 @@ def _within(ids, num_segments) -> bool:
 
 
 class _Ids:
-    """Per-row ``segment_ids`` (traced, or static but unsorted); ``in_range``: every id is known
-    to lie in ``[0, num_segments)`` (static ids that do, or ids clipped into range)."""
+    """Per-row ``segment_ids`` (traced, or static but unsorted); ``sorted_``: walked as
+    contiguous tiles; ``in_range``: every id is known to lie in ``[0, num_segments)`` (static ids
+    that do, or ids clipped into range); ``ordered``: the ids are known or promised to be sorted
+    (XLA's scatters are told so)."""
 
-    def __init__(self, ids, num_segments, sorted_, in_range=False):
+    def __init__(self, ids, num_segments, sorted_, in_range=False, ordered=False):
         self.ids, self.num_segments, self.sorted = ids, num_segments, sorted_
-        self.in_range = in_range
+        self.in_range, self.ordered = in_range, ordered
 
     def arrays(self):
         return (self.ids,)
 
     def by_ids(self):
         """The same partition walked by rows (no contiguous tiles)."""
-        return _Ids(self.ids, self.num_segments, False, self.in_range)
+        return _Ids(self.ids, self.num_segments, False, self.in_range, self.ordered)
 
     def plan(self, n, chunk, arrays=(), axes=(), devices=1):
         """``(PlanSpec, arrays)`` over this device's ``n`` rows (``arrays``: its ids)."""
@@ -290,7 +294,10 @@ class _Ids:
             ).astype(jnp.int32)
             spec = _engine.PlanSpec("tiles", n, self.num_segments, None, chunk)
             return spec, (jnp.diff(b), b[:-1])
-        spec = _engine.PlanSpec("rows", n, self.num_segments, None, chunk, in_range=self.in_range)
+        spec = _engine.PlanSpec(
+            "rows", n, self.num_segments, None, chunk, in_range=self.in_range,
+            sorted_ids=self.ordered,
+        )  # fmt: skip
         return spec, (ids,)
 
 
