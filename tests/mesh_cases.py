@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,16 @@ def collectives(compiled) -> set[str]:
 def assert_no_gather(text):
     found = collectives(text) & {"all-gather", "all-to-all"}
     assert not found, f"the compiled program moves data between devices with {found}"
+
+
+def shared_rng(key: str) -> np.random.Generator:
+    """The data of the cases that share ``key``, so that their one-device reference compiles
+    (and runs) once: seeded from ``key`` xor ``FOLDAX_TEST_SEED``, as the ``rng`` fixture is
+    from a test's node id."""
+    base = int(os.environ.get("FOLDAX_TEST_SEED", "0"))
+    s = zlib.crc32(key.encode()) ^ base
+    print(f"rng seed: {s} (key {key!r}, FOLDAX_TEST_SEED={base})")
+    return np.random.default_rng(s)
 
 
 def mesh_partition(rng):
@@ -89,6 +100,26 @@ def segment_call(form, sizes, fn=None):
     return jax.jit(lambda *a: {name: one(name, *a) for name in ALL})
 
 
+@functools.cache  # the meshes of a form share its data and its one-device program and values
+def segment_case(form):
+    """``(args, call, one-device values)`` of ``form``'s case: a partition whose segments span
+    the devices' rows, ties across a device boundary."""
+    rng = shared_rng(f"segment on mesh {form}")
+    sizes = mesh_partition(rng)
+    s, n = len(sizes), int(sizes.sum())
+    ids = np.repeat(np.arange(s), sizes).astype(np.int32)
+    feature = (3,) if form == "fn" else (2,)
+    x = segment_data(rng, ids, s, feature)
+    x[ids == ids[n // 2]] = x[ids == ids[n // 2]].max()  # ties across a device boundary
+    if form == "unsorted_ids":
+        perm = rng.permutation(n)
+        x, ids = x[perm], ids[perm]
+    theta = rng.standard_normal(3).astype(np.float32)
+    args = (x, theta, ids, sizes.astype(np.int32))
+    call = segment_call(form, sizes, fn=form == "fn")
+    return args, call, call(*args)
+
+
 @pytest.mark.parametrize(
     "mesh_name, form",
     [
@@ -102,22 +133,10 @@ def segment_call(form, sizes, fn=None):
         ("grid", "unsorted_ids"),
     ],
 )
-def test_segment_on_mesh_equals_one_device(rng, mesh_name, form):
+def test_segment_on_mesh_equals_one_device(mesh_name, form):
     mesh, spec = ROWS[mesh_name]
-    sizes = mesh_partition(rng)
-    s, n = len(sizes), int(sizes.sum())
-    ids = np.repeat(np.arange(s), sizes).astype(np.int32)
-    feature = (3,) if form == "fn" else (2,)
-    x = segment_data(rng, ids, s, feature)
-    x[ids == ids[n // 2]] = x[ids == ids[n // 2]].max()  # ties across a device boundary
-    if form == "unsorted_ids":
-        perm = rng.permutation(n)
-        x, ids = x[perm], ids[perm]
-    theta = rng.standard_normal(3).astype(np.float32)
-    args = (x, theta, ids, sizes.astype(np.int32))
-    call = segment_call(form, sizes, fn=form == "fn")
-    want = call(*args)
-    dist = (put(x, mesh, spec), theta, put(ids, mesh, spec), sizes.astype(np.int32))
+    (x, theta, ids, sizes), call, want = segment_case(form)
+    dist = (put(x, mesh, spec), theta, put(ids, mesh, spec), sizes)
     got = call(*dist)
     assert_no_gather(call.lower(*dist).compile().as_text())
     scale = data_scale(x) * (4 if form == "fn" else 1)
@@ -178,16 +197,9 @@ def test_segment_empty_partition_on_mesh():
 # Segment reductions inside shard_map (axis_name)
 
 
-@pytest.mark.parametrize("check_vma", [True, False])
-@pytest.mark.parametrize("form", ["sizes", "unsorted_ids", "fn"])
-def test_segment_axis_name_inside_shard_map(rng, check_vma, form):
-    sizes = mesh_partition(rng)
-    s, n = len(sizes), int(sizes.sum())
-    ids = np.repeat(np.arange(s), sizes).astype(np.int32)
-    if form == "unsorted_ids":
-        ids = ids[rng.permutation(n)]
-    x = segment_data(rng, ids, s, (3,), shifts=(-5.0, 0.0, 5.0))
-    theta = rng.standard_normal(3).astype(np.float32)
+def axis_name_run(form, sizes, s):
+    """``run(name, x, theta, ids, axis)``: reduction ``name`` of ``form``'s case, inside a
+    shard_map over ``axis`` (or on one device, ``axis=None``)."""
 
     def run(name, x, theta, ids, axis):
         f, kw = op(name), {"axis_name": axis} if axis else {}
@@ -198,6 +210,43 @@ def test_segment_axis_name_inside_shard_map(rng, check_vma, form):
         # A model with a Python-scalar constant: it must replay inside shard_map.
         return f(x, sizes=sizes, fn=lambda r: -0.5 * jnp.sum((r - theta[None, :]) ** 2, -1), **kw)
 
+    return run
+
+
+def axis_name_programs(f):
+    """``(loss and its gradient, every reduction's values)`` of ``f(name, x, theta, ids)``."""
+
+    def total(x, theta, ids):
+        outs = [f(name, x, theta, ids) for name in ALL]
+        return sum(jnp.sum(jnp.where(jnp.isfinite(o), o, 0) ** 2) for o in outs)
+
+    values = jax.jit(lambda *a: {nm: f(nm, *a) for nm in ALL})
+    return jax.jit(jax.value_and_grad(total, (0, 1))), values
+
+
+@functools.cache  # check_vma True and False share the data and the one-device results
+def axis_name_case(form):
+    """``(args, sizes, s, one-device loss and gradient, one-device values)`` of ``form``."""
+    rng = shared_rng(f"segment axis_name {form}")
+    sizes = mesh_partition(rng)
+    s, n = len(sizes), int(sizes.sum())
+    ids = np.repeat(np.arange(s), sizes).astype(np.int32)
+    if form == "unsorted_ids":
+        ids = ids[rng.permutation(n)]
+    x = segment_data(rng, ids, s, (3,), shifts=(-5.0, 0.0, 5.0))
+    theta = rng.standard_normal(3).astype(np.float32)
+    args = (x, theta, ids)
+    run = axis_name_run(form, sizes, s)
+    loss, values = axis_name_programs(lambda name, x, t, i: run(name, x, t, i, None))
+    return args, sizes, s, loss(*args), values(*args)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("form", ["sizes", "unsorted_ids", "fn"])
+def test_segment_axis_name_inside_shard_map(check_vma, form):
+    args, sizes, s, want, ref = axis_name_case(form)
+    run = axis_name_run(form, sizes, s)
+
     def dist(name, x, theta, ids):
         x = jax.reshard(x, NamedSharding(EXPLICIT, P("d")))
         ids = jax.reshard(ids, NamedSharding(EXPLICIT, P("d")))
@@ -207,21 +256,12 @@ def test_segment_axis_name_inside_shard_map(rng, check_vma, form):
         sm = jax.shard_map(body, mesh=EXPLICIT, in_specs=spec, out_specs=out, check_vma=check_vma)
         return sm(x, theta, ids)
 
-    def loss(f):
-        def total(x, theta, ids):
-            outs = [f(name, x, theta, ids) for name in ALL]
-            return sum(jnp.sum(jnp.where(jnp.isfinite(o), o, 0) ** 2) for o in outs)
-
-        return jax.jit(jax.value_and_grad(total, (0, 1)))
-
-    one = lambda name, x, t, i: run(name, x, t, i, None)  # noqa: E731
-    want = loss(one)(x, theta, ids)
-    got = loss(dist)(x, theta, ids)
+    loss, values = axis_name_programs(dist)
+    got = loss(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert_allclose(a, b, dtype=np.float32, scale=float(np.abs(b).max()) + 1)
-    values = jax.jit(lambda *a: {nm: dist(nm, *a) for nm in ALL})(x, theta, ids)
-    ref = jax.jit(lambda *a: {nm: one(nm, *a) for nm in ALL})(x, theta, ids)
-    check_each(ALL, lambda nm: assert_allclose(values[nm], ref[nm], dtype=np.float32, scale=10))
+    got = values(*args)
+    check_each(ALL, lambda nm: assert_allclose(got[nm], ref[nm], dtype=np.float32, scale=10))
 
 
 @pytest.mark.parametrize(
@@ -337,46 +377,50 @@ def test_pairwise_partly_shared_axes_are_an_error():
         jax.jit(lambda x, y: foldax.pairwise_reduce(lambda a, b: a @ b, x, y))(x, y)
 
 
-@pytest.mark.parametrize("check_vma", [True, False])
-def test_pairwise_axis_name_inside_shard_map(rng, check_vma):
-    x = rng.standard_normal((24, 3)).astype(np.float32)
-    y = rng.standard_normal((64, 3)).astype(np.float32)
+PAIR_AXIS_REDUCTIONS = ("sum", "logsumexp", "max", "kmin")
 
-    def run(red, x, y, t, axis=None):
-        k = lambda a, b: -0.5 * jnp.sum((a - b) ** 2) * t  # noqa: E731
-        out = foldax.pairwise_reduce(
-            k,
-            x,
-            y,
-            reduction=red,
-            block_size=(8, 4),
-            axis_name=axis,
-            **({"k": 2} if red == "kmin" else {}),
-        )
-        return out[0] if red == "kmin" else out
 
-    def dist(red, x, y, t):
-        y = jax.reshard(y, NamedSharding(EXPLICIT, P("d")))
-        body = lambda x, y, t: run(red, x, y, t, "d")  # noqa: E731
-        spec = (P(), P("d"), P())
-        sm = jax.shard_map(body, mesh=EXPLICIT, in_specs=spec, out_specs=P(), check_vma=check_vma)
-        return sm(x, y, t)
+def pair_axis_run(red, x, y, t, axis=None):
+    k = lambda a, b: -0.5 * jnp.sum((a - b) ** 2) * t  # noqa: E731
+    kw = {"k": 2} if red == "kmin" else {}
+    out = foldax.pairwise_reduce(k, x, y, reduction=red, block_size=(8, 4), axis_name=axis, **kw)
+    return out[0] if red == "kmin" else out
 
-    reds = ("sum", "logsumexp", "max", "kmin")
+
+def pair_axis_total(f):
+    """The loss (every reduction's outputs against fixed weights) and its gradient."""
 
     def weights(out):  # a fixed linear functional: well conditioned, unlike sin(out)
         return out * jnp.cos(jnp.arange(out.size, dtype=out.dtype)).reshape(out.shape)
 
-    def total(f):
-        return jax.jit(
-            jax.value_and_grad(
-                lambda x, y, t: sum(jnp.sum(weights(f(r, x, y, t))) for r in reds), (0, 1, 2)
-            )
+    return jax.jit(
+        jax.value_and_grad(
+            lambda x, y, t: sum(jnp.sum(weights(f(r, x, y, t))) for r in PAIR_AXIS_REDUCTIONS),
+            (0, 1, 2),
         )
+    )
 
-    one = lambda r, x, y, t: run(r, x, y, t)  # noqa: E731
-    want = total(one)(x, y, np.float32(0.9))
-    got = total(dist)(x, y, np.float32(0.9))
+
+@functools.cache  # check_vma True and False share the data and the one-device results
+def pair_axis_case():
+    rng = shared_rng("pairwise axis_name")
+    x = rng.standard_normal((24, 3)).astype(np.float32)
+    y = rng.standard_normal((64, 3)).astype(np.float32)
+    return x, y, pair_axis_total(pair_axis_run)(x, y, np.float32(0.9))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_pairwise_axis_name_inside_shard_map(check_vma):
+    x, y, want = pair_axis_case()
+
+    def dist(red, x, y, t):
+        y = jax.reshard(y, NamedSharding(EXPLICIT, P("d")))
+        body = lambda x, y, t: pair_axis_run(red, x, y, t, "d")  # noqa: E731
+        spec = (P(), P("d"), P())
+        sm = jax.shard_map(body, mesh=EXPLICIT, in_specs=spec, out_specs=P(), check_vma=check_vma)
+        return sm(x, y, t)
+
+    got = pair_axis_total(dist)(x, y, np.float32(0.9))
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert_allclose(a, b, dtype=np.float32, scale=20)
     if check_vma:

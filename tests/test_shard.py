@@ -1,6 +1,7 @@
 """Sharded reductions: ``mesh_cases.py`` runs in subprocesses with 8 host CPU devices (the flag
 must be set before JAX starts). Each group below is its own subprocess, so ``pytest -n 2``
-spreads them over the workers. Checks that need no mesh run here."""
+spreads them over the workers: two groups of about equal time (each subprocess pays JAX's start
+and the compiles its cases share once). Checks that need no mesh run here."""
 
 from __future__ import annotations
 
@@ -18,11 +19,9 @@ import foldax
 
 HERE = Path(__file__).parent
 GROUPS = {
-    "segment_jit": "test_segment_on_mesh or test_segment_nan or test_segment_vmap or empty",
-    "replicated": "replicated",
-    "segment_shard_map": "test_segment_axis_name",
-    "pairwise": "pairwise",
-    "ssm_and_memory": "cauchy or seed_workload",
+    "segment_jit_ssm_and_replicated": "test_segment_on_mesh or test_segment_nan or "
+    "test_segment_vmap or empty or replicated or cauchy or seed_workload",
+    "segment_shard_map_and_pairwise": "test_segment_axis_name or pairwise",
 }
 
 
