@@ -25,7 +25,9 @@ SIZES = [0, 1, 9000, 3, 0, 20000, 17, 5000, 1]
 
 @pytest.fixture
 def runs_taken(monkeypatch):
-    """How many folds were lowered by the one-read program while the test ran."""
+    """How many folds were lowered by the one-read program while the test ran (taken here at
+    any number of rows: it waits for millions in use, where it repays its compile)."""
+    monkeypatch.setattr(_runs, "MIN_ROWS", 0)
     calls = []
     lower = _runs.lower
 
@@ -177,7 +179,17 @@ def test_derivatives_against_dense(rng, runs_taken):
     assert runs_taken
 
 
-def test_temp_memory_does_not_grow_with_the_rows():
+def test_small_inputs_walk(rng, monkeypatch):
+    """Below ``MIN_ROWS`` the fold walks (the one read would cost more to compile than it
+    saves)."""
+    calls = []
+    monkeypatch.setattr(_runs, "lower", lambda *a: calls.append(1))
+    x = rng.standard_normal(sum(SIZES)).astype(np.float32)
+    _check(x, SIZES)
+    assert not calls
+
+
+def test_temp_memory_does_not_grow_with_the_rows(runs_taken):
     """The run holds per-tile states only: temp bytes stay flat from 1 M to 8 M rows."""
     temps = []
     for n in (1_000_000, 8_000_000):
