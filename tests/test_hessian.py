@@ -43,22 +43,25 @@ def _data(rng, n, feat=(), scale=1.0, shift=0.0):
 
 
 def _check_second_order(loss, dense, x):
-    """Reverse over reverse three ways against the dense twin's Hessian (each jitted: one
-    compilation per derivative; the twin's too)."""
-    want = jax.jit(jax.hessian(dense))(x)
-    scale = float(jnp.max(jnp.abs(want))) + 1.0
+    """Reverse over reverse three ways against the dense twin's Hessian (all jitted, in one
+    program: one compilation, which is what takes the time)."""
     u = jnp.linspace(-1.0, 1.0, x.size, dtype=jnp.float32).reshape(x.shape)
 
     def vjp_of_vjp(t, u):  # the Hessian-vector product by pulling back twice
         _, pull = jax.vjp(lambda t: jax.vjp(loss, t)[1](jnp.float32(1))[0], t)
         return pull(u)[0]
 
-    hess = jax.jit(jax.jacrev(jax.grad(loss)))(x)
+    def derivatives(t, u):
+        hess = jax.jacrev(jax.grad(loss))(t)
+        gg = jax.grad(lambda t, u: jnp.vdot(jax.grad(loss)(t), u))(t, u)
+        return jax.hessian(dense)(t), hess, gg, vjp_of_vjp(t, u)
+
+    want, hess, gg, vv = jax.jit(derivatives)(x, u)
+    scale = float(jnp.max(jnp.abs(want))) + 1.0
     assert_allclose(hess, want, dtype=np.float32, scale=scale)
     hvp = want.reshape(x.size, x.size) @ u.ravel()
-    gg = jax.jit(jax.grad(lambda t, u: jnp.vdot(jax.grad(loss)(t), u)))(x, u)
     assert_allclose(gg.ravel(), hvp, dtype=np.float32, scale=scale)
-    assert_allclose(jax.jit(vjp_of_vjp)(x, u).ravel(), hvp, dtype=np.float32, scale=scale)
+    assert_allclose(vv.ravel(), hvp, dtype=np.float32, scale=scale)
 
 
 CASES = [(name, "sizes") for name in sorted(SECOND_ORDER)] + [
@@ -173,8 +176,10 @@ def test_reverse_over_reverse_under_vmap_and_jit(rng):
     def dense_loss(v):
         return jnp.sum(jnp.sin(dense("max", v, IDS, len(SIZES))))
 
-    got = jax.jit(jax.vmap(jax.jacrev(jax.grad(loss))))(x)
-    want = jax.jit(jax.vmap(jax.hessian(dense_loss)))(x)
+    def both(x):  # one program: one compilation
+        return jax.vmap(jax.jacrev(jax.grad(loss)))(x), jax.vmap(jax.hessian(dense_loss))(x)
+
+    got, want = jax.jit(both)(x)
     assert_allclose(got, want, dtype=np.float32, scale=2.0)
 
 
@@ -295,16 +300,20 @@ def test_prod_hessian_reproduction():
     derivative of P / x_j in the zero was lost); jnp.prod's is symmetric."""
     x = jnp.array([0.0, 2.0, 3.0])
     want = np.array([[0.0, 3.0, 2.0], [3.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
-    assert_allclose(jax.jit(jax.hessian(jnp.prod))(x), want, dtype=np.float32)
 
     def f(v):
         return foldax.segment_prod(v, sizes=[3]).sum()
 
-    for name, order in ORDERS.items():
-        got = jax.jit(order(f))(x)
+    def every(x):  # one program: one compilation
+        outs = {name: order(f)(x) for name, order in ORDERS.items()}
+        return jax.hessian(jnp.prod)(x), jax.jacrev(jax.grad(f))(x), outs
+
+    dense_hessian, jacrev_grad, outs = jax.jit(every)(x)
+    assert_allclose(dense_hessian, want, dtype=np.float32)
+    for name, got in outs.items():
         assert_allclose(got, want, dtype=np.float32, err_msg=name)
         np.testing.assert_array_equal(got, np.asarray(got).T, err_msg=name)
-    assert_allclose(jax.jit(jax.jacrev(jax.grad(f)))(x), want, dtype=np.float32)
+    assert_allclose(jacrev_grad, want, dtype=np.float32)
 
 
 @pytest.mark.slow
@@ -317,8 +326,12 @@ def test_prod_second_derivatives_against_jnp_float64(rng, form, order):
         ours, x, ids = _prod_call(form, x, rng)
         x = jnp.asarray(x)
         w = jnp.asarray(PROD_WEIGHTS, jnp.float64)
-        got = jax.jit(ORDERS[order](lambda v: jnp.sum(ours(v) * w)))(x)
-        want = jax.jit(ORDERS[order](lambda v: _dense_prod(v, ids, w)))(x)
+        got, want = jax.jit(  # one program: one compilation
+            lambda x: (
+                ORDERS[order](lambda v: jnp.sum(ours(v) * w))(x),
+                ORDERS[order](lambda v: _dense_prod(v, ids, w))(x),
+            )
+        )(x)
         assert_allclose(got, want, dtype=np.float64, err_msg=order)
         assert np.count_nonzero(np.asarray(want)) > 20  # the zeros' entries are there
 
@@ -356,6 +369,10 @@ def test_prod_third_derivatives_up_to_two_zeros_float64():
         ids = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2], np.int32)
         w = jnp.asarray([1.0, -2.0, 0.5], jnp.float64)
         third = lambda f: jax.jacfwd(jax.jacfwd(jax.jacfwd(f)))  # noqa: E731
-        got = jax.jit(third(lambda v: jnp.sum(foldax.segment_prod(v, sizes=[4, 3, 3]) * w)))(x)
-        want = jax.jit(third(lambda v: _dense_prod(v, ids, w)))(x)
+        got, want = jax.jit(  # one program: one compilation
+            lambda x: (
+                third(lambda v: jnp.sum(foldax.segment_prod(v, sizes=[4, 3, 3]) * w))(x),
+                third(lambda v: _dense_prod(v, ids, w))(x),
+            )
+        )(x)
         assert_allclose(got, want, dtype=np.float64)
