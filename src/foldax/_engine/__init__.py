@@ -13,6 +13,7 @@ from ._plan import PlanSpec as PlanSpec
 from ._plan import static_tilings as static_tilings
 from ._primitive import Fold as Fold
 from ._probe import unit_bytes as unit_bytes
+from ._runs import reads_once as reads_once
 from ._spec import Spec as Spec
 
 

@@ -54,6 +54,11 @@ MAX_SAMPLED = 2**20
 WIDE = 200.0
 
 
+def reads_once(rows: int) -> bool:
+    """Whether a fold over ``rows`` rows is worth the one read (at least :data:`MIN_ROWS`)."""
+    return rows >= MIN_ROWS
+
+
 def _tile(plan):
     """The tile height: the tallest of the static tilings; for traced sizes, one that wastes
     little on segments near the mean size."""
@@ -167,4 +172,4 @@ def _one_read(spec, out_avals, x, sizes, offsets, shift):
     return jax.tree.map(lambda o, a: o.astype(a.dtype), (outs, (), ()), out_avals)
 
 
-__all__ = ["lower"]
+__all__ = ["lower", "reads_once"]
