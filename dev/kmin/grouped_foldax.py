@@ -84,8 +84,11 @@ def main():
         for name, f in fs.items():
             t = time.perf_counter()
             got = np.asarray(f(xj, yj)[1])
-            print(f"k={k} {name}: compile+run {time.perf_counter() - t:.1f} s, "
-                  f"differing idx {np.mean(got != ref):.1e}", flush=True)
+            print(
+                f"k={k} {name}: compile+run {time.perf_counter() - t:.1f} s, "
+                f"differing idx {np.mean(got != ref):.1e}",
+                flush=True,
+            )
         for _ in range(a.repeats):
             for name, f in fs.items():
                 t = time.perf_counter()
