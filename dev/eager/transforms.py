@@ -3,7 +3,14 @@
 python dev/eager/transforms.py
 """
 
-import time, statistics, jax, jax.numpy as jnp, numpy as np, foldax
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import foldax
 
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((1000, 8)), jnp.float32)
@@ -26,7 +33,7 @@ cases = {
         None,
     ),
 }
-for nm, (f, peer) in cases.items():
+for nm, (f, _peer) in cases.items():
     jax.block_until_ready(f())
     ts = []
     for _ in range(5):
