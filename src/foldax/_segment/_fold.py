@@ -131,8 +131,8 @@ def scatters(fn, dtype, monoid, axes) -> str | None:
 def runs(fn, data, monoid, axes) -> str | None:
     """The program a fold over contiguous segments is when it is not batched (a kind of
     :mod:`foldax._engine._direct`), or ``None`` (the walk): a log-sum-exp (or log-mean-exp) of
-    plain data, one value per row, enough of them (:func:`foldax._engine.reads_once`), on one device, read once
-    (:mod:`foldax._engine._runs`)."""
+    plain data, one value per row, enough rows to be worth it (:func:`._engine.reads_once`), on
+    one device, read once (:mod:`foldax._engine._runs`)."""
     if fn is not None or axes or not hasattr(data, "ndim") or data.ndim != 1:
         return None
     return _RUNS.get(monoid) if _engine.reads_once(data.shape[0]) else None
