@@ -9,6 +9,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _points import points
 from jax import lax
 
 
@@ -52,13 +53,7 @@ def main():
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    from pykeops.numpy import LazyTensor
-
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((a.n, 3)).astype(np.float32)
-    y = rng.standard_normal((a.n, 3)).astype(np.float32)
-    xj, yj = jnp.asarray(x), jnp.asarray(y)
-    d2 = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+    _, _, xj, yj, d2 = points(a.n)
     for k in map(int, a.ks.split(",")):
         f = functools.partial(grouped, k=k, w=a.w, rows=a.rows)
         t = time.perf_counter()

@@ -10,6 +10,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _points import points
 
 import foldax
 
@@ -24,13 +25,7 @@ def main():
     ap.add_argument("--ks", default="5,16,32,64,128")
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    from pykeops.numpy import LazyTensor
-
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((a.n, 3)).astype(np.float32)
-    y = rng.standard_normal((a.n, 3)).astype(np.float32)
-    xj, yj = jnp.asarray(x), jnp.asarray(y)
-    d2 = ((LazyTensor(x[:, None, :]) - LazyTensor(y[None, :, :])) ** 2).sum(-1)
+    _, _, xj, yj, d2 = points(a.n)
     for k in map(int, a.ks.split(",")):
         f = jax.jit(lambda x, y, k=k: foldax.pairwise_reduce(_sq, x, y, reduction="kmin", k=k)[1])
         t = time.perf_counter()
