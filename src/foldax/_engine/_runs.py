@@ -6,9 +6,10 @@ values exist already (no ``fn``: one value per row, static or traced ``sizes`` /
 sorted ids), there are many (``MIN_ROWS``) and the fold is not batched, on CPU, this program
 reads them once: one tile of ``T`` rows per step, a dynamic slice of the data (no gather),
 summed as ``sum(exp(x - c))`` with a shift ``c`` known before the tile is read -- XLA:CPU's
-fast reduction of a slice to a number -- and added into its segment's sum. The loop carries ``(segment, tile)`` and the
-``(S,)`` sums: nothing grows with the rows. 50 M values in 1,000 segments: 1.4-1.6x one
-``jnp.exp(x).sum()`` pass, where the walk takes 2.0-2.3x (``dev/lse-floor/``).
+fast reduction of a slice to a number -- and added into its segment's sum. The loop carries
+``(segment, tile)`` and the ``(S,)`` sums: nothing grows with the rows. 50 M values in 1,000
+segments: 1.4-1.6x one ``jnp.exp(x).sum()`` pass, where the walk takes 2.0-2.3x
+(``dev/lse-floor/``).
 
 The shift of a segment: the largest of ``SAMPLE`` of its values spread evenly over it (one
 small gather before the loop). Terms far below it underflow to 0 harmlessly (the segment's sum
@@ -106,8 +107,8 @@ def _walk(x, sizes, offsets, t, live, step, carry):
 
 def _shifts(x, sizes, offsets):
     """``(shift, spread)`` per segment, ``(S,)`` each: the largest of ``SAMPLE`` of its values
-    (fewer where there are more than ``MAX_SAMPLED / SAMPLE`` segments) spread evenly over it (-inf for a segment with no rows), and how far below it the smallest
-    finite one lies."""
+    (fewer where there are more than ``MAX_SAMPLED / SAMPLE`` segments) spread evenly over it
+    (-inf for a segment with no rows), and how far below it the smallest finite one lies."""
     size = max(1, min(SAMPLE, MAX_SAMPLED // sizes.shape[0]))
     k = lax.iota(jnp.int32, size)[None, :]
     at = jnp.clip(offsets[:, None] + (k * sizes[:, None]) // size, 0, x.shape[0] - 1)
