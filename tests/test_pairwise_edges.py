@@ -12,6 +12,8 @@ value is exactly the reference's: values are compared exactly.
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -205,6 +207,37 @@ def test_kmin_float64_inf_nan_and_empty_slots(rng):
     with jax.enable_x64(True):
         d = float_matrix(rng, np.float64, 37, 300)
         _check_kmin(d, _kmin_cases(d, 300))
+
+
+@pytest.mark.parametrize(
+    "dtype", (np.float32, jnp.float16, np.int8, np.uint32), ids=lambda t: np.dtype(t).name
+)
+def test_kmin_small_problem_in_blocks_of_every_column(rng, dtype):
+    """A problem within one tile takes blocks of rows by every column, each block's k best one
+    top-k (no insertion loop: at most the outer loop over blocks is a ``while``); with a small
+    budget the last block overlaps the one before it, whose rows it must leave as they are."""
+    m, n = 37, 300
+    d = float_matrix(rng, dtype, m, n) if dtype in FLOATS else int_matrix(rng, dtype, m, n)
+    x, y = _rows(m, n)
+
+    for budget in (None, "48KB"):  # a new function each: traced under its budget
+
+        def run(d):
+            return {
+                k: foldax.pairwise_reduce(_lookup(d), x, y, reduction="kmin", k=k) for k in (5, n)
+            }
+
+        with foldax.memory_budget(budget) if budget else contextlib.nullcontext():
+            lowered = jax.jit(run).lower(jnp.asarray(d))
+            outs = jax.jit(run)(jnp.asarray(d))
+        assert lowered.as_text().count("stablehlo.while") <= 2 * (budget is not None), budget
+        for k, (vals, idx) in outs.items():
+            ref_vals, ref_idx = pairwise_reference("kmin", d, k=k)
+            err = f"{d.dtype} k={k} budget={budget}"
+            np.testing.assert_array_equal(np.asarray(idx), ref_idx, err_msg=err)
+            np.testing.assert_array_equal(
+                np.asarray(vals).astype(np.float64), ref_vals.astype(np.float64), err_msg=err
+            )
 
 
 @pytest.mark.slow

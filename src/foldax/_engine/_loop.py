@@ -52,13 +52,15 @@ def _finish(spec, state, row_aval):
     return (first, *outs[1:])
 
 
-def _run(spec, units, out_avals, arrays, consts, slots, rows):
-    """The loop: one ``lax.scan`` over the plan (inside a scan over devices for a ring)."""
+def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
+    """The loop: one ``lax.scan`` over the plan (inside a scan over devices for a ring); with
+    ``whole``, a dense fold in blocks of that many rows by every column, each block's state
+    made from its one tile (:func:`._probe.whole_rows`)."""
     mon, axes = spec.monoid, spec.axes + spec.ring
     n = spec.plan.n
     first = _shard.device_index(spec.axes) * n if spec.axes else 0
     tile = getattr(mon, "dense_tile", None)  # a reduction's preferred dense block
-    plan0 = make_plan(spec.plan, arrays, units, first, tile)
+    plan0 = make_plan(spec.plan, arrays, units, first, tile, whole)
     row_aval, start = _initial_states(spec, plan0, out_avals, (arrays, consts, slots, rows))
 
     def step(plan, rows, carry_t, _, block=False):
@@ -81,7 +83,9 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
         vals, tots, rowvals = spec.body(consts, tile_slots, s.rows, s.mask, s.index)
         if mon is not None:
             vals = mon.reduce(vals, s.mask, *_index(spec, s.index))
-        if block:
+        if block == "only":  # the fold's one step: its state from the identity
+            st = mon.only(st, vals) if mon is not None else jax.tree.map(jnp.add, st, vals)
+        elif block:
             st = mon.combine(st, vals) if mon is not None else jax.tree.map(jnp.add, st, vals)
         else:
             st = plan.merge(mon, st, s.slots, vals)
@@ -92,7 +96,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
     def sweep(carry, rows, first):
         # The step counter is carried (an ``xs`` of step indices would be an array as long as
         # the number of steps, which for a dense plan grows like M * N).
-        plan = make_plan(spec.plan, arrays, units, first, tile)
+        plan = make_plan(spec.plan, arrays, units, first, tile, whole)
         zero = jnp.zeros((), jnp.int32)
         if spec.plan.kind != "dense":
             body = lambda c, x: step(plan, rows, c, x)  # noqa: E731
@@ -102,7 +106,9 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
             (st, tot, bufs), ti = c
             si = plan.block_start(ti)
             init = (plan.gather(st, si), tot, bufs)
-            if spec.pair_mask is None:
+            if spec.pair_mask is None and whole:  # one tile of every column
+                (st_b, tot, bufs), _ = step(plan, rows, (init, ti), None, "only")[0]
+            elif spec.pair_mask is None:
                 inner = lambda c2, x: step(plan, rows, c2, x, block=True)  # noqa: E731
                 init = (init, ti * plan.steps_j)
                 (st_b, tot, bufs), _ = lax.scan(inner, init, None, length=plan.steps_j)[0]
@@ -115,6 +121,8 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows):
             st = _shard.to_varying(plan.put(st, si, st_b), axes)
             return ((st, tot, bufs), ti + 1), None
 
+        if plan.steps_i == 1:
+            return outer((carry, zero), None)[0][0]
         return lax.scan(outer, (carry, zero), None, length=plan.steps_i)[0][0]
 
     carry = _shard.to_varying(start, axes, skip=(1,))

@@ -122,13 +122,15 @@ def _traced_tile(n, num_segments, rows) -> int:
     return t
 
 
-def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
+def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None, whole=0):
     """The plan for ``units`` rows (tiles, rows) or pairs (dense) per step.
 
     ``arrays``: the plan's integer arrays (``(sizes, offsets)``, ``(segment_ids,)`` or ``()``;
     a static tile plan may add :func:`static_ends`: ``(sizes, offsets, *ends)``);
     ``first``: the global index of row 0 (a device's offset on a mesh); ``tile``: the monoid's
-    preferred dense block (its ``dense_tile``) or ``None``, used when ``y`` is walked transposed.
+    preferred dense block (its ``dense_tile``) or ``None``, used when ``y`` is walked transposed;
+    ``whole``: a dense plan of blocks of ``whole`` rows by every column (0: by ``units``;
+    :func:`._probe.whole_rows`).
     """
     if spec.kind == "tiles":
         rows = spec.chunk or units
@@ -149,12 +151,13 @@ def make_plan(spec: PlanSpec, arrays, units: int, first=0, tile=None):
     if spec.chunk is not None:
         bi, bj = spec.chunk
     else:
-        bi, bj = dense_block(units, spec.num_slots, spec.n, tile if spec.row_axis == -1 else None)
+        tile = tile if spec.row_axis == -1 else None
+        bi, bj = dense_block(units, spec.num_slots, spec.n, tile, whole)
     bi, bj = min(bi, spec.num_slots), min(bj, spec.n)
     return BlockPlan(spec.num_slots, spec.n, bi, bj, first, spec.row_axis)
 
 
-def dense_block(units, m, n, tile=None) -> tuple[int, int]:
+def dense_block(units, m, n, tile=None, whole=0) -> tuple[int, int]:
     """``(bi, bj)`` for ``units`` pairs: ``bj = 64`` rows of ``y`` (the vectorised axis) and as many
     rows of ``x`` as fit, except that ``bi`` is kept out of ``9 ... 63`` (it becomes 8): XLA:CPU
     fuses a sum over that many rows of ``x`` (a gradient's cotangent of ``y``) into its consumer
@@ -166,6 +169,8 @@ def dense_block(units, m, n, tile=None) -> tuple[int, int]:
     has; min / max and their arg-forms ask for ``(8, 1024)``: 8192 values (32 KiB of float32,
     L1-resident) in long vectorised rows, 1.6x faster than ``(256, 64)`` at 20,000 x 20,000.
     """
+    if whole:  # blocks of every column (:func:`._probe.whole_rows`)
+        return min(whole, m), n
     if tile is not None and units >= min(n, tile[1]):
         bj = min(n, tile[1])
         bi = max(1, min(units // bj, m, max(tile[0], tile[0] * tile[1] // bj)))

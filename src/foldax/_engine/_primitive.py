@@ -43,7 +43,7 @@ from .. import _shard
 from . import _direct, _runs
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
 from ._loop import _run, _typed_out_avals
-from ._probe import plan_units, unit_bytes
+from ._probe import plan_units, unit_bytes, whole_rows
 from ._registration import Primitive
 from ._spec import Spec, _aval, _is_float, _is_zero, _shaped, _zero_tangent
 
@@ -249,7 +249,9 @@ class Fold(_Rules):
 
     def _walk(self, *args):
         """The fold as the engine's loop walks it."""
-        return _run(self.spec, plan_units(self.spec, self.in_avals), self.out_aval, *args)
+        spec, avals = self.spec, self.in_avals
+        whole = whole_rows(spec, avals)
+        return _run(spec, plan_units(spec, avals), self.out_aval, *args, whole=whole)
 
     def scaled(self, k):
         return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)

@@ -35,9 +35,10 @@ def _probe_avals(spec, avals, g, t):
     return consts, tile_slots, chunk, ShapedArray((g, t), jnp.bool_), ShapedArray((t,), jnp.int32)
 
 
-def _step_fn(spec):
+def _step_fn(spec, only=False):
     """One step's computation (body, then the monoid's tile reduction and, for a dense plan,
-    its merge into the block's states, as the loop does) for probing."""
+    its merge into the block's states, as the loop does; with ``only``, the state of a fold of
+    that one step, :meth:`~foldax._reductions.Monoid.only`) for probing."""
 
     def f(consts, slots, rows, mask, index):
         vals, tots, rowvals = spec.body(consts, slots, rows, mask, index)
@@ -45,7 +46,8 @@ def _step_fn(spec):
             row = spec.monoid.value_aval(vals)
             vals = spec.monoid.reduce(vals, mask, *_index(spec, index))
             if spec.plan.kind == "dense":  # e.g. a k-min merges a whole tile here
-                vals = spec.monoid.combine(spec.monoid.init_aval(mask.shape[0], row), vals)
+                merge = spec.monoid.only if only else spec.monoid.combine
+                vals = merge(spec.monoid.init_aval(mask.shape[0], row), vals)
         return vals, tots, rowvals
 
     return f
@@ -116,7 +118,7 @@ def _peak_bytes(jaxpr) -> int:
     return peak
 
 
-def unit_bytes(spec, avals) -> float:
+def unit_bytes(spec, avals, only=False) -> float:
     """Bytes one unit of work (a row; a pair for dense plans) keeps live in a step, for one
     batch element: measured on the traced step at two sizes (so that what does not grow with
     the step is not counted)."""
@@ -126,7 +128,7 @@ def unit_bytes(spec, avals) -> float:
 
     def measure(g, t):
         probe = _probe_avals(spec, avals, g, t)
-        jaxpr = jax.make_jaxpr(_step_fn(spec))(*probe).jaxpr
+        jaxpr = jax.make_jaxpr(_step_fn(spec, only))(*probe).jaxpr
         ins = sum(_nbytes(a) for a in jax.tree.leaves(probe))
         _, tt, r = _probe_grid(spec.plan.kind, g, t)
         units = g * tt if spec.plan.kind == "dense" else r
@@ -154,3 +156,20 @@ def plan_units(spec, avals) -> int:
             step = min(step, step_bytes)
     units = min(step / (unit_bytes(spec, avals) * spec.scale), cap)
     return 1 << max(0, math.floor(math.log2(max(units, 1))))
+
+
+def whole_rows(spec, avals) -> int:
+    """Rows of ``x`` per step where a dense fold whose monoid asks for it
+    (``whole_when_small``) takes every column in one step: a problem of at most one
+    :attr:`dense_tile` of pairs, each block of rows reduced by the monoid's one-step state
+    (:meth:`~foldax._reductions.Monoid.only`) within the budget for the whole batch; 0 where
+    the fold walks blocks of its tile instead."""
+    mon, plan = spec.monoid, spec.plan
+    if not getattr(mon, "whole_when_small", False) or plan.kind != "dense":
+        return 0
+    if plan.chunk is not None or plan.row_axis != -1 or spec.ring:
+        return 0
+    if plan.num_slots * plan.n > math.prod(mon.dense_tile):
+        return 0
+    rows = spec.budget / (plan.n * unit_bytes(spec, avals, only=True) * spec.scale)
+    return int(min(rows, plan.num_slots))

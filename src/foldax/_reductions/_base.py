@@ -103,6 +103,17 @@ class Monoid:
     def combine(self, a, b):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def only(self, state, value):
+        """``combine(state, value)`` where ``state`` is the identity in every row ``value`` (a
+        tile's :meth:`reduce`) has entries in: a block of rows that one step reduces over every
+        column. A reduction whose ``combine`` is built for a running state overrides it with a
+        cheaper direct form."""
+        return self.combine(state, value)
+
+    #: whether a dense fold small enough for one step of :attr:`dense_tile` pairs takes it as
+    #: one block (:meth:`only` then makes the state), rather than blocks of ``dense_tile``
+    whole_when_small = False
+
     def allreduce(self, state, axes):
         """``combine`` the states of all devices along ``axes``: gather them, then fold.
 

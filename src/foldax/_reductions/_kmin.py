@@ -353,6 +353,10 @@ class KMin(_ValuesAndIndices, Monoid):
         empty slots are told by their index)."""
         return np.nan if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
 
+    #: a problem within one :attr:`dense_tile` of pairs is one block, whose k best are one
+    #: top-k (:meth:`only`): at 1,000 x 1,000, no insertion loop to compile or run
+    whole_when_small = True
+
     def init(self, num, fshape, dtype):
         return (
             jnp.full((num, self.k), self._fill(dtype), dtype),
@@ -368,6 +372,22 @@ class KMin(_ValuesAndIndices, Monoid):
         keys = jnp.concatenate([_sort_key(a[0]), _sort_key(b[0])], 1)
         keys, idx = lax.sort((keys, jnp.concatenate([a[1], b[1]], 1)), dimension=1, num_keys=2)
         return (_from_key(keys[:, : self.k], a[0].dtype), idx[:, : self.k])
+
+    def only(self, state, value):
+        """A fold of one tile: each row's k best of the tile (:func:`_tile_best`), padded with
+        empty slots where the tile is narrower than k; a row without entries (a block's rows
+        another block owns) keeps its state."""
+        if not isinstance(value, _Tile):
+            return self.combine(state, value)
+        keys, idx = _tile_best(value.v, value.mask, value.index, self.k)
+        pad = ((0, 0), (0, self.k - keys.shape[1]))
+        keys = jnp.pad(keys, pad, constant_values=np.iinfo(keys.dtype).max)
+        idx = jnp.pad(idx, pad, constant_values=NO_INDEX)
+        # an empty slot keeps its state: the identity (an integer's max, not a key's) in a row
+        # with entries; a row without (another block's) is all empty slots
+        keep = idx == NO_INDEX
+        vals = jnp.where(keep, state[0], _from_key(keys, state[0].dtype))
+        return vals, jnp.where(keep, state[1], idx)
 
     def _merge_tile(self, st, tile):
         """Fold a tile into the state. One float32 pass over the tile counts, per row, the
