@@ -75,23 +75,8 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
                 spec.pair_mask(consts, i[:, None], s.index[None, :]), s.mask.shape
             )
             s = dataclasses.replace(s, mask=s.mask & keep)
-        return (update(plan, s, carry, block), t + 1), None
-
-    def update(plan, s, carry, block):
-        st, tot, bufs = carry
-        tile_slots = plan.gather(slots, s.slots)
-        vals, tots, rowvals = spec.body(consts, tile_slots, s.rows, s.mask, s.index)
-        if mon is not None:
-            vals = mon.reduce(vals, s.mask, *_index(spec, s.index))
-        if block == "only":  # the fold's one step: its state from the identity
-            st = mon.only(st, vals) if mon is not None else jax.tree.map(jnp.add, st, vals)
-        elif block:
-            st = mon.combine(st, vals) if mon is not None else jax.tree.map(jnp.add, st, vals)
-        else:
-            st = plan.merge(mon, st, s.slots, vals)
-        tot = tuple(a + b for a, b in zip(tot, tots, strict=True))
-        bufs = tuple(plan.store(b, s.at, v, s.own) for b, v in zip(bufs, rowvals, strict=True))
-        return _shard.to_varying((st, tot, bufs), axes, skip=(1,))
+        carry = _update(spec, plan, s, carry, block, consts, slots)
+        return (_shard.to_varying(carry, axes, skip=(1,)), t + 1), None
 
     def sweep(carry, rows, first):
         # The step counter is carried (an ``xs`` of step indices would be an array as long as
@@ -137,6 +122,26 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
     else:
         st, tot, bufs = _around(spec.ring, n, sweep, carry, rows)
     return _final_states(spec, st, row_aval), tot, bufs
+
+
+def _update(spec, plan, s, carry, block, consts, slots):
+    """``carry`` (slot states, sums, row buffers) after step ``s``: its values folded into
+    every slot state, or with ``block`` into the states of the dense plan's current block of
+    slots (``"only"``: the block's one step, its states the identity where it has pairs)."""
+    mon, (st, tot, bufs) = spec.monoid, carry
+    tile_slots = plan.gather(slots, s.slots)
+    vals, tots, rowvals = spec.body(consts, tile_slots, s.rows, s.mask, s.index)
+    if mon is not None:
+        vals = mon.reduce(vals, s.mask, *_index(spec, s.index))
+    if block and mon is None:
+        st = jax.tree.map(jnp.add, st, vals)
+    elif block:
+        st = (mon.only if block == "only" else mon.combine)(st, vals)
+    else:
+        st = plan.merge(mon, st, s.slots, vals)
+    tot = tuple(a + b for a, b in zip(tot, tots, strict=True))
+    bufs = tuple(plan.store(b, s.at, v, s.own) for b, v in zip(bufs, rowvals, strict=True))
+    return st, tot, bufs
 
 
 def _initial_states(spec, plan0, out_avals, args):

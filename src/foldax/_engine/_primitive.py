@@ -250,8 +250,9 @@ class Fold(_Rules):
     def _walk(self, *args):
         """The fold as the engine's loop walks it."""
         spec, avals = self.spec, self.in_avals
-        whole = whole_rows(spec, avals)
-        return _run(spec, plan_units(spec, avals), self.out_aval, *args, whole=whole)
+        whole = whole_rows(spec, avals)  # (then the step's size is known: no probe of it)
+        units = 0 if whole else plan_units(spec, avals)
+        return _run(spec, units, self.out_aval, *args, whole=whole)
 
     def scaled(self, k):
         return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)

@@ -34,6 +34,9 @@ def _overhead_calls(n, cfg):
     def dense_min(p):
         return jnp.min(jnp.sum((p[:, None] - p[None]) ** 2, -1), axis=1)
 
+    def dense_kmin(p):
+        return jax.lax.top_k(-jnp.sum((p[:, None] - p[None]) ** 2, -1), 5)
+
     def seg(name):
         return lambda x: getattr(foldax, name)(x, ids, s, indices_are_sorted=True)
 
@@ -50,6 +53,9 @@ def _overhead_calls(n, cfg):
          seg("segment_logsumexp"), lse_peer, (x,)),
         (f"pairwise min, M = N = {min(n, cfg.overhead_pairs):,}, D = 3 (dense jnp.min)",
          lambda p: foldax.pairwise_reduce(_sq, p, p, reduction="min"), dense_min,
+         (pts[: cfg.overhead_pairs],)),
+        (f"pairwise kmin, k = 5, M = N = {min(n, cfg.overhead_pairs):,}, D = 3 (dense lax.top_k)",
+         lambda p: foldax.pairwise_reduce(_sq, p, p, reduction="kmin", k=5), dense_kmin,
          (pts[: cfg.overhead_pairs],)),
     ]  # fmt: skip
 
