@@ -171,5 +171,8 @@ def whole_rows(spec, avals) -> int:
         return 0
     if plan.num_slots * plan.n > math.prod(mon.dense_tile):
         return 0
-    rows = spec.budget / (plan.n * unit_bytes(spec, avals, only=True) * spec.scale)
-    return int(min(rows, plan.num_slots))
+    rows = int(spec.budget / (plan.n * unit_bytes(spec, avals, only=True) * spec.scale))
+    if rows < 1:
+        return 0
+    blocks = -(-plan.num_slots // rows)
+    return -(-plan.num_slots // blocks)  # blocks as even as they come: little overlap

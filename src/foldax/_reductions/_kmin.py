@@ -219,10 +219,11 @@ def _tile_best(v, mask, index, k):
     and indices ``(g, k)``, ascending with ties by index, every rank after the row's valid
     entries an empty one (int max, :data:`NO_INDEX`) -- exact for every dtype and every value.
 
-    For float32 and narrower: two float32 top-k's (XLA:CPU runs them as one vectorised pass,
-    30x faster than a sort): the values below ``+inf``, then the ``+inf`` and NaN entries in
-    their order (+inf before NaN, each by column), which the first cannot rank among its
-    masked cells. Other dtypes: one sort of the row's keys."""
+    For float32 and narrower: a float32 top-k (XLA:CPU runs it as one vectorised pass, 30x
+    faster than a sort) of the values below ``+inf``, and where a row has fewer than k of them
+    a second of the ``+inf`` and NaN entries in their order (+inf before NaN, each by column),
+    which the first cannot rank among its masked cells. Other dtypes: one sort of the row's
+    keys."""
     t = v.shape[1]
     kk = min(k, t)
     col = lax.broadcasted_iota(jnp.int32, v.shape, 1)
@@ -235,17 +236,21 @@ def _tile_best(v, mask, index, k):
     low = mask & (w < jnp.inf)
     _, pos = lax.top_k(jnp.where(low, -w, -jnp.inf), kk)
     ok = jnp.take_along_axis(low, pos, axis=1)
+    count = jnp.sum(ok, axis=1, dtype=jnp.int32)[:, None]  # its valid entries: a prefix
 
-    # the +inf and NaN entries in their order (for rows with fewer than k values below +inf)
-    rank = jnp.where(mask & (w == jnp.inf), col, jnp.where(mask & (w != w), t + col, 3 * t))
-    _, pos2 = lax.top_k(-jnp.where(low, 3 * t, rank).astype(jnp.float32), kk)
-    ok2 = jnp.take_along_axis(rank, pos2, axis=1) < 2 * t
-    # in order: the first pass's valid entries (a prefix), then the second's
-    count = jnp.sum(ok, axis=1, dtype=jnp.int32)[:, None]
-    r = lax.broadcasted_iota(jnp.int32, ok.shape, 1)
-    pick = jnp.where(r < count, r, kk + r - count)
-    pos = jnp.take_along_axis(jnp.concatenate([pos, pos2], 1), pick, axis=1)
-    ok = jnp.take_along_axis(jnp.concatenate([ok, ok2], 1), pick, axis=1)
+    def then_inf_and_nan(pos, ok):
+        """After a row's values below +inf, its +inf and NaN entries in their order."""
+        rank = jnp.where(mask & (w == jnp.inf), col, jnp.where(mask & (w != w), t + col, 3 * t))
+        _, pos2 = lax.top_k(-jnp.where(low, 3 * t, rank).astype(jnp.float32), kk)
+        ok2 = jnp.take_along_axis(rank, pos2, axis=1) < 2 * t
+        r = lax.broadcasted_iota(jnp.int32, ok.shape, 1)
+        pick = jnp.where(r < count, r, kk + r - count)
+        pos = jnp.take_along_axis(jnp.concatenate([pos, pos2], 1), pick, axis=1)
+        return pos, jnp.take_along_axis(jnp.concatenate([ok, ok2], 1), pick, axis=1)
+
+    # (a second top-k only where a row has fewer than k values below +inf)
+    short = jnp.any(count < kk)
+    pos, ok = lax.cond(short, then_inf_and_nan, lambda pos, ok: (pos, ok), pos, ok)
     val = jnp.take_along_axis(v, pos, axis=1)
     return _no_entry(ok, _sort_key(val), jnp.take(index, pos))
 
