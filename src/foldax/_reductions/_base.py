@@ -110,8 +110,8 @@ class Monoid:
         cheaper direct form."""
         return self.combine(state, value)
 
-    #: whether a dense fold small enough for one step of :attr:`dense_tile` pairs takes it as
-    #: one block (:meth:`only` then makes the state), rather than blocks of ``dense_tile``
+    #: whether a dense fold of at most one :attr:`dense_tile` of pairs takes blocks of rows by
+    #: every column, each block's state made by :meth:`only`, rather than ``dense_tile`` blocks
     whole_when_small = False
 
     def allreduce(self, state, axes):
