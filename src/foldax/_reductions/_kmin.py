@@ -382,8 +382,6 @@ class KMin(_ValuesAndIndices, Monoid):
         """A fold of one tile: each row's k best of the tile (:func:`_tile_best`), padded with
         empty slots where the tile is narrower than k; a row without entries (a block's rows
         another block owns) keeps its state."""
-        if not isinstance(value, _Tile):
-            return self.combine(state, value)
         keys, idx = _tile_best(value.v, value.mask, value.index, self.k)
         pad = ((0, 0), (0, self.k - keys.shape[1]))
         keys = jnp.pad(keys, pad, constant_values=np.iinfo(keys.dtype).max)
