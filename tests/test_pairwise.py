@@ -805,6 +805,73 @@ def test_grads_array_output_and_complex(rng):
     check_each(list(got), check)
 
 
+#: Every differentiable pairwise reduction; blocks that leave a partial last block of rows of x
+#: (9 rows) and of y (130 rows), of every shape: wider than tall, taller than wide, one-row;
+#: and the planned blocks (None: the one block a problem this small takes).
+PARTIAL_REDUCTIONS = (*FLOAT_REDUCTIONS, "max_argmax", "min_argmin", "kmin", "softmax")
+PARTIAL_BLOCKS = ((4, 8), (3, 5), (5, 16), (1, 6), None)
+
+
+def test_partial_blocks_grad_and_jvp_match_float64():
+    """``jax.grad`` (wrt x and y) and ``jax.jacfwd`` (wrt x) of every differentiable reduction,
+    with partial last blocks of x and y, against the float64 dense reference. The derivative
+    rules recompute the kernel in another program than the forward fold, which XLA may round
+    differently (D = 7 here, whose sum of squares XLA:CPU vectorises differently per tile): a
+    max found by comparing recomputed values with the forward's lost its gradient. Two-way
+    ties (a duplicated row of y) split it evenly, as jnp.max's does (the arg-forms give it to
+    the first, as their values are)."""
+    rng = np.random.default_rng(1177)  # data on which the old rule failed on jax 0.10 and 0.12
+    x, y = rng.standard_normal((9, 7)), rng.standard_normal((130, 7))
+    # two-way ties across blocks (a duplicated row of y): row 0's min, row 1's max
+    y[100], x[0] = y[3], y[3] + 0.01
+    y[7] = y[120] = np.eye(7)[0] * -4.5
+    x[1, 0] = 4.0
+    d = np.sum((x[:, None] - y[None]) ** 2, -1)
+    hits = {r: np.sum(d == getattr(d, r)(1, keepdims=True), 1) for r in ("max", "min")}
+    assert hits["min"][0] == 2 and hits["max"][1] == 2 and np.sum(hits["max"] == 1) >= 5, hits
+    with jax.enable_x64(True):
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        w = {r: jnp.asarray(rng.standard_normal((9, 3) if r in ("kmin", "softmax") else 9))
+             for r in PARTIAL_REDUCTIONS}  # fmt: skip
+
+        def kernel(r):
+            if r == "softmax":
+                return lambda a, b: (-jnp.sum((a - b) ** 2), jnp.tanh(a[:3] * b[:3]))
+            return lambda a, b: jnp.sum((a - b) ** 2)
+
+        def out(r, x, y, block):
+            k = 3 if r == "kmin" else None
+            if block == "dense" and r in ("max_argmax", "min_argmin"):  # the first of ties'
+                v = dense_matrix(kernel(r), x, y)
+                at = (jnp.argmax if r == "max_argmax" else jnp.argmin)(v, axis=1)
+                return jnp.take_along_axis(v, at[:, None], axis=1)[:, 0]
+            if block == "dense":  # k-min: (values, indices)
+                o = dense_reduce(r, kernel(r), x, y, k=k)
+                return o[0] if r == "kmin" else o
+            o = foldax.pairwise_reduce(kernel(r), x, y, reduction=r, k=k, block_size=block)
+            return o[0] if r in ("kmin", "max_argmax", "min_argmin") else o
+
+        def derivatives(block):
+            def one(r, x, y):
+                loss = lambda x, y: jnp.sum(out(r, x, y, block) * w[r])  # noqa: E731
+                return jax.grad(loss, argnums=(0, 1))(x, y), jax.jacfwd(out, 1)(r, x, y, block)
+
+            return {r: one(r, x, y) for r in PARTIAL_REDUCTIONS}
+
+        blocks = PARTIAL_BLOCKS
+        got = dict(zip(blocks, jax.jit(lambda: [derivatives(b) for b in blocks])(), strict=True))
+        want = jax.jit(lambda: derivatives("dense"))()
+
+    def check(r):
+        for b in blocks:
+            for g, ref, what in zip(jax.tree.leaves(got[b][r]), jax.tree.leaves(want[r]),
+                                    ("grad x", "grad y", "jacfwd x"), strict=True):  # fmt: skip
+                assert_allclose(g, ref, dtype=np.float64, scale=data_scale(ref),
+                                err_msg=f"{what}, block_size={b}")  # fmt: skip
+
+    check_each(PARTIAL_REDUCTIONS, check)
+
+
 @pytest.mark.slow
 def test_grad_max_ties_split_evenly():
     """Rows of y attaining the max share its gradient evenly (like jnp.max), across tiles."""

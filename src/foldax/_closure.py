@@ -15,8 +15,9 @@ import hashlib
 import weakref
 
 import jax
-import jax.extend
 import numpy as np
+
+from . import _jax
 
 
 class Unkeyable(Exception):
@@ -50,8 +51,7 @@ class Closed:
         return self._hash
 
     def __call__(self, consts, *args):
-        closed = jax.extend.core.ClosedJaxpr(self.jaxpr, list(consts))
-        out = jax.extend.core.jaxpr_as_fun(closed)(*self.in_tree.flatten_up_to(args))
+        out = _jax.eval_jaxpr(self.jaxpr, consts, *self.in_tree.flatten_up_to(args))
         return jax.tree.unflatten(self.out_tree, out)
 
 
@@ -67,8 +67,8 @@ def trace(fn, *examples) -> tuple[Closed, list]:
         out_tree.append(tree)
         return out_leaves
 
-    closed = jax.make_jaxpr(flat)(*leaves)
-    return Closed(closed.jaxpr, in_tree, out_tree[0]), list(closed.consts)
+    jaxpr, consts = _jax.open_jaxpr(jax.make_jaxpr(flat)(*leaves))
+    return Closed(jaxpr, in_tree, out_tree[0]), list(consts)
 
 
 #: Parameters that only say how to *differentiate* an equation (custom_jvp / custom_vjp rules,
@@ -93,7 +93,7 @@ def jaxpr_key(jaxpr) -> tuple:
         return tuple(v.aval for v in vs)
 
     def ref(v):
-        if isinstance(v, jax.extend.core.Literal):
+        if isinstance(v, _jax.Literal):
             return ("literal", value_key(v.val), v.aval)
         return ids[v]
 
@@ -116,8 +116,7 @@ def has_rules(jaxpr) -> bool:
             return True
         for p in eqn.params.values():
             for q in p if isinstance(p, tuple | list) else (p,):
-                sub = getattr(q, "jaxpr", q)
-                if isinstance(sub, jax.extend.core.Jaxpr) and has_rules(sub):
+                if _jax.is_jaxpr(q) and has_rules(_jax.open_jaxpr(q)[0]):
                     return True
     return False
 
@@ -130,10 +129,9 @@ def _effects_key(effects):
 
 
 def _param_key(p):
-    if isinstance(p, jax.extend.core.ClosedJaxpr):
-        return ("closed", jaxpr_key(p.jaxpr), tuple(value_key(c) for c in p.consts))
-    if isinstance(p, jax.extend.core.Jaxpr):
-        return ("jaxpr", jaxpr_key(p))
+    if _jax.is_jaxpr(p):
+        jaxpr, consts = _jax.open_jaxpr(p)
+        return ("jaxpr", jaxpr_key(jaxpr), tuple(value_key(c) for c in consts))
     if isinstance(p, tuple | list):
         return (type(p).__name__, *(_param_key(q) for q in p))
     if isinstance(p, dict):
@@ -150,7 +148,7 @@ _DIGESTS: dict[int, tuple] = {}
 
 def value_key(v):
     """An array-like by value: dtype, shape and a digest of its bytes (never a tracer)."""
-    if isinstance(v, jax.core.Tracer):
+    if isinstance(v, _jax.Tracer):
         raise Unkeyable
     if isinstance(v, jax.Array):
         seen = _DIGESTS.get(id(v))

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from . import _checks
+from . import _checks, _jax
 from ._closure import Unkeyable, has_rules, static_key, trace
 from ._engine import current_budget
 
@@ -88,7 +88,7 @@ def _is_dynamic_leaf(x) -> bool:
 
 
 def _aval_key(x, context):
-    if isinstance(x, jax.core.Tracer):  # of an eager grad / vmap / jvp (see _context)
+    if isinstance(x, _jax.Tracer):  # of an eager grad / vmap / jvp (see _context)
         if context != "eager":
             raise Unkeyable
         return ("tracer", jax.typeof(x))
@@ -108,7 +108,7 @@ def _entry(name, value, arguments, dynamic_names, hoists, dynamic, context):
             hoist.check(closed)
         except Exception:  # let the uncached call raise its own, clear, error
             raise Unkeyable from None
-        if any(isinstance(c, jax.core.Tracer) for c in consts) and context != "eager":
+        if any(isinstance(c, _jax.Tracer) for c in consts) and context != "eager":
             raise Unkeyable
         if context != "eval" and has_rules(closed.jaxpr):
             # transformed, the executable would differentiate by the rules of the trace that
@@ -183,24 +183,10 @@ CACHE = _Cache(MAX_ENTRIES)
 
 
 def _context() -> str:
-    """What is being traced: ``"eval"`` (nothing: an eager call), ``"eager"`` (only eager
-    ``jax.grad`` / ``jax.vmap`` / ``jax.jvp``, whose traces sit on the evaluation trace and
-    whose tracers are the executable's inputs) or ``"staged"`` (a jit, ``jax.checkpoint``,
-    ``lax.scan``: a jaxpr, which JAX compiles and caches itself). Another JAX, whose traces
-    this cannot tell apart: ``"eval"``, and a tracer met is not keyed (:func:`_aval_key`)."""
-    try:
-        from jax._src import core
-        from jax._src.interpreters import ad, batching
-
-        eager = (ad.JVPTrace, ad.LinearizeTrace, batching.BatchTrace)
-        trace = core.trace_ctx.trace
-    except (ImportError, AttributeError):
-        return "eval"
-    if isinstance(trace, core.EvalTrace):
-        return "eval"
-    while isinstance(trace, eager):
-        trace = trace.parent_trace
-    return "eager" if isinstance(trace, core.EvalTrace) else "staged"
+    """What is being traced (:func:`foldax._jax.trace_kind`): ``"eval"``, ``"eager"`` (only
+    eager ``jax.grad`` / ``jax.vmap`` / ``jax.jvp``, whose tracers are the executable's inputs)
+    or ``"staged"`` (a jaxpr, which JAX compiles and caches itself)."""
+    return _jax.trace_kind()
 
 
 def cached(*, dynamic: tuple[str, ...], hoist: dict[str, Hoist] | None = None):

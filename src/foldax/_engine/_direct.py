@@ -157,10 +157,12 @@ def _logsumexp(mean):
     def lower(ix, slots, rows):
         x = rows[0]
         m = ix.extreme(x, True)
-        shift = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
-        s = ix.sum(jnp.exp(x - ix.at_rows(shift)))
+        finite = lambda a: jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))  # noqa: E731
+        # the shift taken per row from the gathered max (not gathered from a shift per slot,
+        # which XLA may keep as one more buffer of slots)
+        s = ix.sum(jnp.exp(x - finite(ix.at_rows(m))))
         logs = jnp.log(s)
-        out = shift + logs
+        out = finite(m) + logs
         if not mean:
             return (out, m, logs), (), ()
         count = ix.sum(jnp.ones(ix.ids.shape, jnp.int32))

@@ -8,9 +8,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.core import ShapedArray
 
 from .. import _shard
+from .._jax import ShapedArray
 from ._plan import make_plan
 from ._probe import _probe_avals
 from ._spec import _aval, _index, _with_rows

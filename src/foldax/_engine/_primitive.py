@@ -37,9 +37,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.interpreters.ad import Zero
 
 from .. import _shard
+from .._jax import Zero
 from . import _direct, _runs
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
 from ._loop import _run, _typed_out_avals
@@ -84,8 +84,16 @@ class _Rules(Primitive):
         return (slot, (), ())
 
     def jvp(self, primals, tangents):
-        outs = self(*primals)
-        return outs, self._tangents(primals, outs, tangents)
+        fold = self.for_derivatives()
+        outs = fold(*primals)
+        t = fold._tangents(primals, outs, tangents)
+        if fold is self:
+            return outs, t
+        return self._own(outs), self._own(t)
+
+    def _own(self, outs):
+        """This fold's outputs, of those of its :meth:`for_derivatives` form."""
+        return (tuple(outs[0][: len(self.out_aval[0])]), *outs[1:])
 
     # -- reverse mode --------------------------------------------------------------------------
 
@@ -257,6 +265,16 @@ class Fold(_Rules):
     def scaled(self, k):
         return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)
 
+    def for_derivatives(self):
+        """The fold a differentiated call computes: this one, or where the monoid asks for it
+        (``Monoid.for_derivatives``: outputs beginning with this fold's, and more that the
+        derivative rules read) the same fold with that monoid. Direct folds reduce the rows
+        themselves, never a recomputed value, and keep theirs."""
+        form = getattr(self.spec.monoid, "for_derivatives", None)
+        if form is None or self.spec.direct is not None:
+            return self
+        return Fold(self.spec.replace(monoid=form), self.in_avals)
+
     def num_info(self):
         if self.spec.monoid is None:
             return 0
@@ -357,6 +375,10 @@ class Batched(_Rules):
 
     def scaled(self, k):
         return Batched(self.inner.scaled(k), self.size, self.dims)
+
+    def for_derivatives(self):
+        inner = self.inner.for_derivatives()
+        return self if inner is self.inner else Batched(inner, self.size, self.dims)
 
     def num_info(self):
         return self.inner.num_info()

@@ -9,8 +9,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import ShapedArray
 
+from .._jax import ShapedArray
 from ._budget import CPU_STEP
 from ._spec import _index, _shaped, _with_rows
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax.extend.core import Primitive as _JaxPrimitive
-from jax.interpreters import ad, batching, mlir
 from jax.tree_util import tree_flatten, tree_unflatten
+
+from .._jax import Primitive as _JaxPrimitive
+from .._jax import ad, batching, mlir
 
 fold_p = _JaxPrimitive("foldax_fold")
 fold_p.multiple_results = True

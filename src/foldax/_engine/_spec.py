@@ -10,9 +10,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.core import ShapedArray
-from jax.interpreters.ad import Zero
 
+from .._jax import ShapedArray, Zero
 from ._budget import DEFAULT_BUDGET
 from ._plan import PlanSpec
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend import core as jcore
+
+from .. import _jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,8 +233,8 @@ def _equation(eqn, args, unknowns=None):
         inner = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr") if k in eqn.params), None)
         if inner is None:
             return [UNKNOWN] * len(eqn.outvars)
-        consts = [_point(c) for c in getattr(inner, "consts", ())]
-        return evaluate(getattr(inner, "jaxpr", inner), consts, args, unknowns)
+        inner, consts = _jax.open_jaxpr(inner)
+        return evaluate(inner, [_point(c) for c in consts], args, unknowns)
     if len(eqn.outvars) != 1 or any(a is UNKNOWN for a in args):
         return [UNKNOWN]
     if name in _PASS:
@@ -256,7 +257,7 @@ def evaluate(jaxpr, consts, args, unknowns=None):
     env = {}
 
     def read(v):
-        val = _point(v.val) if isinstance(v, jcore.Literal) else env.get(v, UNKNOWN)
+        val = _point(v.val) if isinstance(v, _jax.Literal) else env.get(v, UNKNOWN)
         if val is UNKNOWN and v.aval.dtype == jnp.bool_:
             if unknowns is not None:
                 unknowns.append(True)

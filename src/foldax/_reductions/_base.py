@@ -136,6 +136,11 @@ class Monoid:
         out, _ = lax.scan(lambda acc, st: (self.combine(acc, st), None), first, rest)
         return out
 
+    #: A monoid whose outputs begin with this one's and say more, that a fold being
+    #: differentiated is computed with so that its derivative rules can read the rest (a max's
+    #: first index); ``None``: this one.
+    for_derivatives = None
+
     def outputs(self, state):
         """The fold's outputs: the public result first."""
         return (self.finalize(state),)

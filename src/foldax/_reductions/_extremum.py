@@ -21,7 +21,7 @@ from ._base import (
     count,
     identity,
 )
-from ._kmin import _columns, _first_column
+from ._kmin import _columns, _first_column, _hits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,14 +109,112 @@ class _Extremum(Monoid):
         return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
 
 
+class _ExtremumAndIndex(_Extremum):
+    """Max or min with its count and, where one or two values attain it, their indices (the
+    lower first; :data:`NO_INDEX` otherwise): the state a differentiated max / min is folded
+    with (:attr:`Monoid.for_derivatives`); its max and count are the plain fold's.
+
+    The derivative rules recompute each value in another program than the forward fold's, and
+    XLA may round it differently there (another fusion, another vector lane, a fused
+    multiply-add): testing ``v == max`` against the recomputed values can miss the maximum and
+    drop its gradient. Where one value attains the extreme (the common case), or two (a
+    duplicated row), the rules find them by their indices instead, which no rounding moves;
+    more ties are split evenly among the values equal to the extreme, as ``jnp.max``'s
+    derivative does."""
+
+    needs_index = True
+    n_outputs = 4
+
+    def __init__(self, is_max):
+        super().__init__(("max" if is_max else "min") + "_for_derivatives", is_max)
+
+    def init(self, num, fshape, dtype):
+        none = jnp.full((num, *fshape), NO_INDEX, jnp.int32)
+        return (*super().init(num, fshape, dtype), none, none)
+
+    def reduce(self, v, mask, index):
+        # three passes: the extreme; the count of the values attaining it with the sum of
+        # their columns (and whether any is NaN); the first of them. Of two, the second is the
+        # sum less the first.
+        mv = _tile_mask(mask, v)
+        w = jnp.where(mv, v, jnp.asarray(self._identity(v.dtype), v.dtype))
+        m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
+        hit = (w == m[:, None]) & mv
+        t = v.shape[1]
+        if jnp.issubdtype(v.dtype, jnp.floating):  # XLA:CPU's max may drop NaN: found here
+            c, cols, nan = _hits(hit, w != w)
+            m = jnp.where(nan, jnp.asarray(np.nan, v.dtype), m)
+            c = jnp.where(nan, 0, c)
+        else:
+            c, cols = _hits(hit)
+        first = jnp.where((c >= 1) & (c <= 2), _first_column(hit), t)
+        second = jnp.where(c == 2, cols - first, t)
+        return (m, c, _index_of(index, first, t), _index_of(index, second, t))
+
+    @staticmethod
+    def _two_lowest(a, b):
+        """The two lowest indices of two pairs ``(lowest, second lowest)``."""
+        return jnp.minimum(a[0], b[0]), jnp.minimum(
+            jnp.maximum(a[0], b[0]), jnp.minimum(*a[1:], *b[1:])
+        )
+
+    @staticmethod
+    def _attaining(m, state):
+        """A state's indices where its extreme is ``m``, else :data:`NO_INDEX`."""
+        return tuple(jnp.where(state[0] == m, x, NO_INDEX) for x in state[2:])
+
+    def combine(self, a, b):
+        # the indices are read only where the count is 1 or 2: then every index of a value
+        # attaining the extreme is one of those the states hold
+        m, c = super().combine(a[:2], b[:2])
+        return (m, c, *self._two_lowest(self._attaining(m, a), self._attaining(m, b)))
+
+    def allreduce(self, state, axes):
+        m, c = super().allreduce(state[:2], axes)
+        first, second = self._attaining(m, state)
+        low = lax.pmin(first, axes)
+        # the second lowest of all: each device's lowest index other than the lowest of all
+        return (m, c, low, lax.pmin(jnp.where(first == low, second, first), axes))
+
+    def scatter(self, carry, seg, st):
+        # several tiles of a step may fold into one slot: the lowest index by a scatter-min,
+        # then the second lowest as the scatter-min of each source's lowest other index
+        m, c = super().scatter(carry[:2], seg, st[:2])
+        m_seg = _take(m, seg)
+        old = self._attaining(m_seg, tuple(_take(a, seg) for a in carry))
+        new = self._attaining(m_seg, st)
+        low = carry[2].at[seg].set(old[0], mode="drop").at[seg].min(new[0], mode="drop")
+        low_seg = _take(low, seg)
+        other = [jnp.where(f == low_seg, s, f) for f, s in (old, new)]
+        second = carry[3].at[seg].set(other[0], mode="drop").at[seg].min(other[1], mode="drop")
+        return (m, c, low, second)
+
+    def row_cotangent(self, v, mask, info, g, index):
+        m, c, first, second = info
+        cells = _expand(index if index.ndim == 2 else index[None, :], v.ndim)
+        by_index = (cells == first[:, None]) | (cells == second[:, None])
+        hit = jnp.where(c[:, None] <= 2, by_index, v == m[:, None]) & _tile_mask(mask, v)
+        share = g[0] / jnp.maximum(c, 1).astype(g[0].dtype)
+        ct = jnp.broadcast_to(share[:, None], v.shape)
+        return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
+
+
 class Max(_Extremum):
     def __init__(self):
         super().__init__("max", True)
+
+    @property
+    def for_derivatives(self):
+        return _ExtremumAndIndex(True)
 
 
 class Min(_Extremum):
     def __init__(self):
         super().__init__("min", False)
+
+    @property
+    def for_derivatives(self):
+        return _ExtremumAndIndex(False)
 
 
 @dataclasses.dataclass(frozen=True)

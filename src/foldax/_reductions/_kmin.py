@@ -46,25 +46,34 @@ def _first_column(hit):
 _HITS_CHUNK = 256
 
 
-def _hits(hit):
-    """Per row of ``hit`` ``(G, T)``: how many cells are true, and the sum of their columns
-    (so the column of the only one, where there is one), as int32 -- in one float32 pass.
+def _hits(hit, poison=None):
+    """Per slot of ``hit`` ``(G, T, *F)``: how many cells are true, and the sum of their
+    columns (so the column of the only one, where there is one), as int32 -- in one float32
+    pass; with ``poison`` (like ``hit``), also whether any cell of it is true (then the two
+    numbers are meaningless).
 
     Each chunk of at most 256 columns sums ``1 + column / 2^15`` over its true cells: the
     count is the whole part, the sum of its columns the fraction. Every partial sum has at most
-    9 + 15 significant bits, so it is exact in any order; chunks are combined in int32."""
-    g, t = hit.shape
+    9 + 15 significant bits, so it is exact in any order; chunks are combined in int32. A
+    poisoned cell weighs 512, more than any chunk's count: a sum of non-negative numbers never
+    rounds below one of them, so a chunk holding one sums to at least that."""
+    g, t, f = hit.shape[0], hit.shape[1], hit.shape[2:]
     w = -(-t // -(-t // _HITS_CHUNK))  # chunks as even as they come: little padding
-    pad = -t % w
-    if pad:
-        hit = jnp.pad(hit, ((0, 0), (0, pad)))
-    hit = hit.reshape(g, -1, w)
+    pad = ((0, 0), (0, -t % w)) + ((0, 0),) * len(f)
+    chunked = lambda a: jnp.pad(a, pad).reshape(g, -1, w, *f)  # noqa: E731
+    hit = chunked(hit)
     col = lax.broadcasted_iota(jnp.float32, hit.shape, 2)
-    code = jnp.sum(jnp.where(hit, 1 + col * jnp.float32(2.0**-15), jnp.float32(0)), 2)
+    weight = jnp.where(hit, 1 + col * jnp.float32(2.0**-15), jnp.float32(0))
+    if poison is not None:
+        weight = jnp.where(chunked(poison), jnp.float32(512), weight)
+    code = jnp.sum(weight, 2)
     c = code.astype(jnp.int32)
     within = jnp.round((code - c.astype(jnp.float32)) * 2.0**15).astype(jnp.int32)
-    base = jnp.arange(hit.shape[1], dtype=jnp.int32) * w
-    return jnp.sum(c, 1, dtype=jnp.int32), jnp.sum(within + c * base[None, :], 1, dtype=jnp.int32)
+    base = (jnp.arange(hit.shape[1], dtype=jnp.int32) * w).reshape((1, -1) + (1,) * len(f))
+    count = jnp.sum(c, 1, dtype=jnp.int32), jnp.sum(within + c * base, 1, dtype=jnp.int32)
+    if poison is None:
+        return count
+    return (*count, jnp.any(code >= 512, axis=1))
 
 
 def _insert_at(keys, idx, v, index, take, col):

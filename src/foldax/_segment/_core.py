@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .. import _checks, _eager, _shard
+from .. import _checks, _eager, _jax, _shard
 from .._reductions import LOGSUMEXP, MAX, MEAN, MIN
 from . import _fold, _policy
 from ._partition import _Contiguous, _Empty, _Ids, _is_numpy, _mode, _partition
@@ -83,7 +83,7 @@ def _rows_described(segment_ids, sizes, offsets, axes):
         shape = np.shape(segment_ids)
         return shape[0] if len(shape) == 1 else None
     x = sizes if sizes is not None else offsets
-    if x is None or axes or isinstance(x, jax.core.Tracer):
+    if x is None or axes or isinstance(x, _jax.Tracer):
         return None
     try:
         x = np.asarray(x)

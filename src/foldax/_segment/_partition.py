@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _checks, _engine, _shard
+from .. import _checks, _engine, _jax, _shard
 from .._engine._plan import static_ends, static_table
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def _is_tracer(x) -> bool:
-    return isinstance(x, jax.core.Tracer)
+    return isinstance(x, _jax.Tracer)
 
 
 def _static_int_array(x):

@@ -1,0 +1,99 @@
+"""The parts of JAX outside its compatibility policy that foldax uses, in one place.
+
+JAX's API compatibility policy does not cover ``jax.core``, ``jax.extend``, ``jax.interpreters``
+or ``jax._src``; a library that defines a primitive has no other way in. Every such import of
+foldax is here, with what it is for, so that a new JAX is checked against one file. Checked
+with jax 0.10.2 (Python 3.11) and jax 0.12.0 (Python 3.12, 3.13); the tests run on both.
+
+* The primitive and its rule tables (:mod:`foldax._engine._registration`): ``Primitive``,
+  ``ad.primitive_jvps`` / ``primitive_transposes`` / ``is_undefined_primal``, ``Zero`` (a
+  symbolic zero tangent), ``batching.fancy_primitive_batchers``, ``mlir.register_lowering`` /
+  ``lower_fun``. Unchanged from 0.10 to 0.12.
+* Avals and tracers: ``ShapedArray``, ``Tracer``. Unchanged.
+* Jaxprs, read to key the eager cache and to bound masks (:mod:`foldax._closure`,
+  :mod:`foldax._pairwise._intervals`): up to jax 0.10, ``jax.make_jaxpr`` returns a
+  ``ClosedJaxpr`` pairing an open ``Jaxpr`` with the values of its ``constvars``; from 0.11 a
+  ``Jaxpr`` carries its constants itself and ``ClosedJaxpr`` is another name for it (its
+  two-argument constructor and the ``.jaxpr`` accessor are kept only for old callers). foldax
+  reads both through :func:`open_jaxpr` and runs one through :func:`eval_jaxpr`, which both
+  versions have, never through the legacy forms.
+* What is being traced (:func:`trace_kind`, for :mod:`foldax._eager`): ``jax._src``'s trace
+  context and trace classes, present in 0.10.2 and 0.12.0; on a JAX where they moved, the
+  eager cache keys no tracer (a transformed call is traced as JAX would), never wrong.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.core import ShapedArray as ShapedArray
+from jax.core import Tracer as Tracer
+from jax.extend.core import Jaxpr as Jaxpr
+from jax.extend.core import Literal as Literal
+from jax.extend.core import Primitive as Primitive
+from jax.interpreters import ad as ad
+from jax.interpreters import batching as batching
+from jax.interpreters import mlir as mlir
+from jax.interpreters.ad import Zero as Zero
+
+try:  # jax <= 0.10: a closed jaxpr is its own class; from 0.11 the name of Jaxpr
+    from jax.extend.core import ClosedJaxpr as _ClosedJaxpr
+except ImportError:  # pragma: no cover - a JAX that dropped the name
+    _ClosedJaxpr = Jaxpr
+
+
+def is_jaxpr(p) -> bool:
+    """Whether ``p`` is a jaxpr of either form (an equation's sub-jaxpr parameter, a trace)."""
+    return isinstance(p, Jaxpr | _ClosedJaxpr)
+
+
+def open_jaxpr(p) -> tuple[Jaxpr, tuple]:
+    """``(jaxpr, consts)``: the jaxpr whose ``constvars`` take ``consts``, of a traced function
+    (``jax.make_jaxpr``'s result) or a sub-jaxpr parameter, in either JAX's form. An open jaxpr
+    of jax <= 0.10 (no constants) gives ``()``."""
+    if isinstance(p, Jaxpr):  # jax >= 0.11: everything; jax <= 0.10: an open jaxpr
+        return p, tuple(getattr(p, "consts", ()))
+    return p.jaxpr, tuple(p.consts)
+
+
+def eval_jaxpr(jaxpr, consts, *args) -> list:
+    """Run ``jaxpr`` with ``consts`` for its ``constvars``: a list of its outputs."""
+    return jax.core.eval_jaxpr(jaxpr, list(consts), *args)
+
+
+def trace_kind() -> str:
+    """What is being traced: ``"eval"`` (nothing: an eager call), ``"eager"`` (only eager
+    ``jax.grad`` / ``jax.vmap`` / ``jax.jvp``, whose traces sit on the evaluation trace) or
+    ``"staged"`` (a jit, ``jax.checkpoint``, ``lax.scan``: a jaxpr). On a JAX whose traces
+    this cannot tell apart, ``"eval"`` (the caller then keys no tracer, and a call that meets
+    one is traced as JAX would)."""
+    try:
+        from jax._src import core
+        from jax._src.interpreters import ad as _ad
+        from jax._src.interpreters import batching as _batching
+
+        eager = (_ad.JVPTrace, _ad.LinearizeTrace, _batching.BatchTrace)
+        trace = core.trace_ctx.trace
+    except (ImportError, AttributeError):  # pragma: no cover - another JAX
+        return "eval"
+    if isinstance(trace, core.EvalTrace):
+        return "eval"
+    while isinstance(trace, eager):
+        trace = trace.parent_trace
+    return "eager" if isinstance(trace, core.EvalTrace) else "staged"
+
+
+__all__ = [
+    "Jaxpr",
+    "Literal",
+    "Primitive",
+    "ShapedArray",
+    "Tracer",
+    "Zero",
+    "ad",
+    "batching",
+    "eval_jaxpr",
+    "is_jaxpr",
+    "mlir",
+    "open_jaxpr",
+    "trace_kind",
+]
