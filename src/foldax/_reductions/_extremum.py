@@ -24,6 +24,16 @@ from ._base import (
 from ._kmin import _columns, _first_column, _hits
 
 
+def _tile_extreme(v, mask, is_max):
+    """``(w, m, hit)`` of a tile ``(G, T, *F)``: its values with the masked cells the identity,
+    their max (``is_max``) or min per slot (XLA:CPU's may drop NaN: the callers find NaN), and
+    which kept cells attain it."""
+    keep = _tile_mask(mask, v)
+    w = jnp.where(keep, v, jnp.asarray(identity(is_max, v.dtype), v.dtype))
+    m = jnp.max(w, axis=1) if is_max else jnp.min(w, axis=1)
+    return w, m, (w == m[:, None]) & keep
+
+
 @dataclasses.dataclass(frozen=True)
 class _Extremum(Monoid):
     """Max or min, with the number of rows attaining it (so the gradient splits ties evenly)."""
@@ -52,10 +62,7 @@ class _Extremum(Monoid):
     dense_tile = (1024, 1024)
 
     def reduce(self, v, mask):
-        mv = _tile_mask(mask, v)
-        w = jnp.where(mv, v, jnp.asarray(self._identity(v.dtype), v.dtype))
-        m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
-        hit = (w == m[:, None]) & mv
+        w, m, hit = _tile_extreme(v, mask, self.is_max)
         t = v.shape[1]
         if not jnp.issubdtype(v.dtype, jnp.floating):
             return (m, jnp.sum(hit, axis=1, dtype=jnp.int32))
@@ -136,10 +143,7 @@ class _ExtremumAndIndex(_Extremum):
         # three passes: the extreme; the count of the values attaining it with the sum of
         # their columns (and whether any is NaN); the first of them. Of two, the second is the
         # sum less the first.
-        mv = _tile_mask(mask, v)
-        w = jnp.where(mv, v, jnp.asarray(self._identity(v.dtype), v.dtype))
-        m = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
-        hit = (w == m[:, None]) & mv
+        w, m, hit = _tile_extreme(v, mask, self.is_max)
         t = v.shape[1]
         if jnp.issubdtype(v.dtype, jnp.floating):  # XLA:CPU's max may drop NaN: found here
             c, cols, nan = _hits(hit, w != w)
@@ -246,10 +250,7 @@ class ArgExtremum(Monoid):
         # reduce does not vectorise on CPU and cost 5x the value alone. XLA:CPU's vectorised
         # min / max may drop NaN, so NaN columns rank before the hits in that same min: a slot
         # with a NaN takes its first NaN.
-        m = _tile_mask(mask, v)
-        w = jnp.where(m, v, jnp.asarray(identity(self.is_max, v.dtype), v.dtype))
-        best = jnp.max(w, axis=1) if self.is_max else jnp.min(w, axis=1)
-        hit = (w == best[:, None]) & m
+        w, best, hit = _tile_extreme(v, mask, self.is_max)
         t = v.shape[1]
         if not jnp.issubdtype(v.dtype, jnp.floating):
             return (best, _index_of(index, _first_column(hit), t))
