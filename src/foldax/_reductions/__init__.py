@@ -19,6 +19,9 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
 * ``row_cotangent(v, mask, info, g)``: the cotangent of every reduced value given the outputs'
   cotangents ``g`` (a tuple, one per output, ``None`` where there is none), gathered per tile
   (``(G, ...)``); exactly zero where ``mask`` is false;
+* ``for_derivatives``: ``None``, or a monoid whose outputs begin with this one's and that a
+  differentiated fold is computed with, so that the rules above can read what it adds (a max's
+  indices: the rules never re-compare recomputed values, which XLA may round differently);
 * ``tangent(v, dv, mask, info)``: the outputs' tangents contributed by one tile (``(G, ...)`` per
   output, ``None`` for integer outputs), given the values' tangents ``dv``.
 

@@ -137,8 +137,8 @@ class Monoid:
         return out
 
     #: A monoid whose outputs begin with this one's and say more, that a fold being
-    #: differentiated is computed with so that its derivative rules can read the rest (a max's
-    #: first index); ``None``: this one.
+    #: differentiated is computed with so that its derivative rules can read the rest (where a
+    #: max is, by index); ``None``: this one.
     for_derivatives = None
 
     def outputs(self, state):
