@@ -88,7 +88,7 @@ def _is_dynamic_leaf(x) -> bool:
 
 
 def _aval_key(x, context):
-    if isinstance(x, _jax.Tracer):  # of an eager grad / vmap / jvp (see _context)
+    if isinstance(x, _jax.Tracer):  # of an eager grad / vmap / jvp (_jax.trace_kind)
         if context != "eager":
             raise Unkeyable
         return ("tracer", jax.typeof(x))
@@ -182,13 +182,6 @@ class _Cache:
 CACHE = _Cache(MAX_ENTRIES)
 
 
-def _context() -> str:
-    """What is being traced (:func:`foldax._jax.trace_kind`): ``"eval"``, ``"eager"`` (only
-    eager ``jax.grad`` / ``jax.vmap`` / ``jax.jvp``, whose tracers are the executable's inputs)
-    or ``"staged"`` (a jaxpr, which JAX compiles and caches itself)."""
-    return _jax.trace_kind()
-
-
 def cached(*, dynamic: tuple[str, ...], hoist: dict[str, Hoist] | None = None):
     """Decorate a public function: its eager calls run one cached ``jax.jit`` (see the module
     docstring). ``dynamic``: the arguments whose arrays are the executable's inputs (every
@@ -200,7 +193,7 @@ def cached(*, dynamic: tuple[str, ...], hoist: dict[str, Hoist] | None = None):
 
         @functools.wraps(impl)
         def call(*args, **kwargs):
-            context = _context()
+            context = _jax.trace_kind()
             if context == "staged":  # JAX caches the enclosing trace
                 return impl(*args, **kwargs)
             try:

@@ -60,26 +60,30 @@ def eval_jaxpr(jaxpr, consts, *args) -> list:
     return jax.core.eval_jaxpr(jaxpr, list(consts), *args)
 
 
+try:  # the trace classes trace_kind tells apart, looked up once (it runs on every eager call)
+    from jax._src.core import EvalTrace as _EvalTrace
+    from jax._src.core import trace_ctx as _trace_ctx
+    from jax._src.interpreters.ad import JVPTrace as _JVPTrace
+    from jax._src.interpreters.ad import LinearizeTrace as _LinearizeTrace
+    from jax._src.interpreters.batching import BatchTrace as _BatchTrace
+
+    _EAGER = (_JVPTrace, _LinearizeTrace, _BatchTrace)
+except ImportError:  # pragma: no cover - another JAX
+    _trace_ctx = None
+
+
 def trace_kind() -> str:
     """What is being traced: ``"eval"`` (nothing: an eager call), ``"eager"`` (only eager
     ``jax.grad`` / ``jax.vmap`` / ``jax.jvp``, whose traces sit on the evaluation trace) or
     ``"staged"`` (a jit, ``jax.checkpoint``, ``lax.scan``: a jaxpr). On a JAX whose traces
     this cannot tell apart, ``"eval"`` (the caller then keys no tracer, and a call that meets
     one is traced as JAX would)."""
-    try:
-        from jax._src import core
-        from jax._src.interpreters import ad as _ad
-        from jax._src.interpreters import batching as _batching
-
-        eager = (_ad.JVPTrace, _ad.LinearizeTrace, _batching.BatchTrace)
-        trace = core.trace_ctx.trace
-    except (ImportError, AttributeError):  # pragma: no cover - another JAX
+    trace = getattr(_trace_ctx, "trace", None)
+    if trace is None or isinstance(trace, _EvalTrace):
         return "eval"
-    if isinstance(trace, core.EvalTrace):
-        return "eval"
-    while isinstance(trace, eager):
+    while isinstance(trace, _EAGER):
         trace = trace.parent_trace
-    return "eager" if isinstance(trace, core.EvalTrace) else "staged"
+    return "eager" if isinstance(trace, _EvalTrace) else "staged"
 
 
 __all__ = [

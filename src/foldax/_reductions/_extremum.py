@@ -157,10 +157,11 @@ class _ExtremumAndIndex(_Extremum):
 
     @staticmethod
     def _two_lowest(a, b):
-        """The two lowest indices of two pairs ``(lowest, second lowest)``."""
-        return jnp.minimum(a[0], b[0]), jnp.minimum(
-            jnp.maximum(a[0], b[0]), jnp.minimum(*a[1:], *b[1:])
-        )
+        """The two lowest indices of two pairs ``(lowest, second lowest)``: the lower lowest,
+        then the lower of the other lowest and the seconds."""
+        (low_a, second_a), (low_b, second_b) = a, b
+        second = jnp.minimum(jnp.maximum(low_a, low_b), jnp.minimum(second_a, second_b))
+        return jnp.minimum(low_a, low_b), second
 
     @staticmethod
     def _attaining(m, state):
