@@ -8,7 +8,9 @@ explore other seeds). The seed is printed, so it appears in the captured output 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -28,6 +30,47 @@ collect_ignore.append("multiprocess_case.py")
 # must be able to call every function.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+#: A compilation cache shared by the run's processes (pytest-xdist's workers and the subprocesses
+#: that run the 8-device cases, the examples and the bench): many tests build the same programs
+#: (the dense references, the same fold at the same shapes), and the suite is compile-bound. An
+#: executable is reused only for an identical program, so no test checks anything less; the
+#: folder is removed when the run ends. FOLDAX_TEST_COMPILE_CACHE=0 turns it off.
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+_made: list[str] = []
+
+
+def pytest_configure(config):
+    if os.environ.get("FOLDAX_TEST_COMPILE_CACHE", "1") == "0":
+        return
+    if _CACHE_ENV not in os.environ:  # the run's first process: workers inherit the folder
+        os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="foldax-tests-jax-cache-")
+        _made.append(os.environ[_CACHE_ENV])
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    for path in _made:  # made by this process (not a worker's or a subprocess's inherited one)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+#: Tests that run a subprocess for most of a minute or more. They are scheduled first, so that
+#: pytest-xdist's workers do not wait on one of them at the end (the bench's tests share one
+#: module-scoped run: kept together, they land on one worker).
+HEAVY = (
+    "test_shard.py::test_on_8_host_devices",
+    "test_bench.py::",
+    "test_examples.py::test_example_smoke_run",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not any(h in item.nodeid for h in HEAVY))  # stable
 
 
 @pytest.fixture(autouse=True)

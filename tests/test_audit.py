@@ -468,3 +468,31 @@ def test_audit_says_what_live_at_the_peak_counts():
     assert lines[2] == f"XLA's totals: {t.figures()}", lines
     assert "XLA's temp total: all its scratch memory" in lines[3], lines
     assert "which also holds buffers live at other moments" in lines[3], lines
+
+
+def test_audit_with_a_persistent_compilation_cache(tmp_path):
+    """With JAX's persistent compilation cache on, an executable may come from the cache, of
+    which XLA dumps nothing: the audit compiles its own, and leaves the cache on."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    f = lambda x: foldax.segment_sum(jnp.exp(x), sizes=[3, 5])  # noqa: E731
+    x = jnp.ones(8)
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    before = [getattr(jax.config, n) for n in names]
+    for n, v in zip(names, (str(tmp_path), 0, 0), strict=True):
+        jax.config.update(n, v)
+    compilation_cache.reset_cache()
+    try:
+        jax.jit(f).lower(x).compile()  # now in the cache
+        assert any(tmp_path.iterdir())
+        first, again = memory.audit(f, x), memory.audit(f, x)
+        assert first.peak_bytes == again.peak_bytes
+        assert jax.config.jax_enable_compilation_cache
+    finally:
+        for n, v in zip(names, before, strict=True):
+            jax.config.update(n, v)
+        compilation_cache.reset_cache()

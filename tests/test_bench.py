@@ -101,7 +101,8 @@ def test_repository_figures_match_their_json():
     path = ROOT / _bench.PLOT_DIR / "results.json"
     results = json.loads(path.read_text())
     assert not results["quick"], "the committed results must come from a full run"
-    assert (ROOT / "BENCHMARKS.md").read_text() == _bench.render_markdown(results)
+    versions = json.loads((ROOT / _bench.PLOT_DIR / _bench.VERSIONS_FILE).read_text())
+    assert (ROOT / "BENCHMARKS.md").read_text() == _bench.render_markdown(results, versions)
     block = _bench.readme_block_of((ROOT / "README.md").read_text())
     assert block == _bench.render_readme_block(results)
     for plot in results["plots"]:
@@ -149,3 +150,23 @@ def test_unknown_workload_is_a_clear_error():
     )
     assert proc.returncode != 0
     assert "foldax bench: unknown workload 'nope'; choose from seed" in proc.stderr
+
+
+def test_jax_versions_need_a_cause_for_each_moved_ratio():
+    """A ratio that moved by more than 10% between the two JAX versions is rendered in bold
+    with its cause, and cannot be kept without one."""
+    versions = json.loads((ROOT / _bench.PLOT_DIR / _bench.VERSIONS_FILE).read_text())
+    old, new = versions["old"], versions["new"]
+    assert old["machine"]["jax"] != new["machine"]["jax"]
+    moved = _bench.moved(old, new)
+    assert sorted(moved) == sorted(versions["causes"])
+    with pytest.raises(ValueError, match="a measured cause is needed"):
+        _bench.compare(old, new, {})
+    text = "\n".join(_bench.render_markdown({**_empty_results(old)}, versions).splitlines())
+    for key in moved:
+        line = next(x for x in text.splitlines() if x.startswith(f"| {key} |"))
+        assert line.count("**") == 4 and line.endswith(f"| {versions['causes'][key]} |")
+
+
+def _empty_results(run):
+    return {**run, "skipped": [], "plots": [], "workloads": {}}

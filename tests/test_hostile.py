@@ -454,3 +454,93 @@ def test_users_who_forbid_rank_promotion(rng):
                 jax.jit(jax.grad(loss)).lower(p)
         jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.cauchy(v, z, w))))).lower(w)
         jax.jit(jax.grad(lambda v: jnp.sum(jnp.abs(foldax.vandermonde(v, w, 16))))).lower(w)
+
+
+# ----------------------------------------------------------------------------------------------
+# Segment ids keep their width; zeros of either sign tie; NaN shows; empty sequences
+
+
+def _count_pairs(ids):
+    """Pairs kept per row of ``x`` by ``segment_ids`` (a kernel of ones)."""
+    x = jnp.zeros((len(ids), 1), jnp.float32)
+    one = lambda a, b: jnp.sum(a + b) + 1.0  # noqa: E731
+    return np.asarray(foldax.pairwise_reduce(one, x, x, segment_ids=ids))
+
+
+def test_wide_segment_ids_are_not_truncated():
+    """Ids 7 and 7 + 2**32 are two documents: as 64-bit host ids without x64, as int64 JAX
+    arrays with x64 (both once cast to int32, silently merged)."""
+    ids = np.array([7, 7 + 2**32, 7 + 2**32, 5], np.int64)
+    want = [1, 2, 2, 1]
+    np.testing.assert_array_equal(_count_pairs(ids), want)
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(_count_pairs(jnp.asarray(ids)), want)
+        np.testing.assert_array_equal(_count_pairs(ids), want)
+        q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 4, 1, 8)), jnp.float32)
+        got = foldax.dot_product_attention(q, q, q, segment_ids=jnp.asarray(ids)[None])
+        keep = np.asarray(ids)[:, None] == np.asarray(ids)[None, :]
+        want_attn = jax.nn.dot_product_attention(q, q, q, mask=jnp.asarray(keep)[None, None])
+        assert_allclose(got, want_attn, dtype=jnp.float32)
+    with pytest.raises(ValueError, match=r"pairwise_reduce: segment_ids of x .* one dtype"):
+        x = jnp.zeros((4, 1))
+        foldax.pairwise_reduce(lambda a, b: jnp.sum(a + b), x, x, segment_ids=(jnp.arange(4), ids))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kmin_ties_negative_zero_with_zero_by_index(rng, dtype):
+    """-0.0 == 0.0: among equal values the lower index comes first (a stable argsort), and
+    ``k = 1`` agrees with argmin."""
+    y = jnp.asarray(rng.choice([0.0, -0.0, 1.0], size=(37, 1)), dtype)
+    x = jnp.ones((2, 1), dtype)
+    kern = lambda a, b: a[0] * b[0]  # noqa: E731
+    want = np.argsort(np.asarray(y[:, 0], np.float32), kind="stable")
+    for k, block in ((1, None), (3, None), (5, (2, 8))):
+        _, idx = foldax.pairwise_reduce(kern, x, y, reduction="kmin", k=k, block_size=block)
+        np.testing.assert_array_equal(np.asarray(idx)[0], want[:k])
+    arg = foldax.pairwise_reduce(kern, x, y, reduction="argmin")
+    np.testing.assert_array_equal(arg, [want[0]] * 2)
+
+
+def test_nan_shows_through_attention_and_weighted_logsumexp(rng):
+    """A NaN key makes the queries that attend to it NaN, as in jax.nn (not 0), with NaN
+    gradients; a NaN or negative weight of a weighted log-sum-exp acts as in
+    jax.nn.logsumexp."""
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 20, 2, 8)), jnp.float32) for _ in range(3))
+    k = k.at[0, 5, 0, 0].set(jnp.nan)  # head 0: queries 5.. attend to it causally
+    for causal in (False, True):
+        want = np.asarray(jax.nn.dot_product_attention(q, k, v, is_causal=causal))
+        got = np.asarray(foldax.dot_product_attention(q, k, v, is_causal=causal, block_size=8))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(want).any()
+        np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], atol=1e-5)
+    grad = jax.grad(lambda q: foldax.dot_product_attention(q, k, v, is_causal=True).sum())(q)
+    assert np.isnan(np.asarray(grad)[0, 5:, 0]).all()
+    x, y = (jnp.asarray(rng.standard_normal((n, 2)), jnp.float32) for n in (6, 9))
+    logits = np.asarray(x @ y.T)
+    for w in (rng.random(9), [0.5] * 3 + [np.nan] + [0.5] * 5, [0.5] * 8 + [-0.1], [-1.0] * 9):
+        w = jnp.asarray(w, jnp.float32)
+        got = foldax.pairwise_reduce(
+            lambda a, b: (a @ b[:2], b[2]), x, jnp.concatenate([y, w[:, None]], 1),
+            reduction="logsumexp",
+        )  # fmt: skip
+        want = jax.nn.logsumexp(logits, b=np.broadcast_to(np.asarray(w), logits.shape), axis=1)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert_allclose(jnp.nan_to_num(got), jnp.nan_to_num(want), dtype=jnp.float32)
+    sm = foldax.pairwise_reduce(
+        lambda a, b: (a @ b, b), x, y.at[4, 0].set(jnp.nan), reduction="softmax"
+    )
+    assert np.isnan(np.asarray(sm)).all()
+
+
+@pytest.mark.parametrize("t, s, h", [(0, 5, 4), (5, 0, 4), (5, 5, 0), (0, 0, 4)])
+def test_attention_of_empty_sequences_and_heads(t, s, h):
+    """Empty queries, keys or heads give jax.nn's empty (or zero) result, and a gradient."""
+    q = jnp.ones((2, t, 4, h), jnp.float32)
+    k = v = jnp.ones((2, s, 2, h), jnp.float32)
+    scale = 1.0 if h == 0 else None  # jax.nn's default divides by sqrt(h)
+    want = jax.nn.dot_product_attention(q, jnp.repeat(k, 2, 2), jnp.repeat(v, 2, 2), scale=scale)
+    got = foldax.dot_product_attention(q, k, v)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    grad = jax.grad(lambda q: foldax.dot_product_attention(q, k, v, is_causal=t == s).sum())(q)
+    assert grad.shape == q.shape

@@ -1,8 +1,13 @@
-"""The foldax rows of two ``foldax bench`` runs side by side, with their peers: a markdown table
-of times, time ratios (foldax / the workload's baseline) and temp memory, ratios that moved by
-more than 10% marked ``**``.
+"""Keep two ``foldax bench`` runs of the headline workloads, one on the oldest JAX foldax accepts
+and one on the newest, as ``bench/jax-versions.json``, and render BENCHMARKS.md's section of
+them (:mod:`foldax._tools.bench._versions`). Every time ratio that moved by more than 10%
+between the runs needs its measured cause in the causes file (``"workload | case | pass"`` ->
+text): the script names the ones missing.
 
-    python dev/jax-versions/side_by_side.py OLD/bench/results.json NEW/bench/results.json
+    .venv/bin/foldax bench --only seed --only graph --out /tmp/old          # jax 0.10.2
+    .venv-newest/bin/foldax bench --only seed --only graph --out /tmp/new   # jax 0.12
+    python dev/jax-versions/side_by_side.py /tmp/old/bench/results.json \\
+        /tmp/new/bench/results.json dev/jax-versions/causes.json
 """
 
 from __future__ import annotations
@@ -11,49 +16,20 @@ import json
 import sys
 from pathlib import Path
 
-BASE = {"seed": "global-max segment_sum", "graph": "jax.ops (jraph's way)"}
+from foldax._tools import bench
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def rows(path):
-    out = {}
-    for workload, found in json.loads(Path(path).read_text())["workloads"].items():
-        for r in found:
-            out[(workload, r["case"], r["impl"], r["pass"])] = r
-    return out
-
-
-def size(b):
-    return "0 B" if b == 0 else f"{b / 1e6:.1f} MB" if b >= 1e6 else f"{b / 1e3:.1f} KB"
-
-
-def time(s):
-    return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
-
-
-def main(old_path, new_path):
-    old, new = rows(old_path), rows(new_path)
-    print(
-        "| workload | case | pass | foldax, old | foldax, new | peer, old | peer, new "
-        "| ratio, old | ratio, new | temp foldax / peer, old | temp foldax / peer, new |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
-    for key, f_old in old.items():
-        workload, case, impl, pass_ = key
-        peer = (workload, case, BASE.get(workload), pass_)
-        if impl != "foldax" or key not in new or peer not in old or peer not in new:
-            continue
-        f_new, p_old, p_new = new[key], old[peer], new[peer]
-        r_old = f_old["seconds"] / p_old["seconds"]
-        r_new = f_new["seconds"] / p_new["seconds"]
-        moved = " **" if abs(r_new / r_old - 1) > 0.10 else ""
-        print(
-            f"| {workload} | {case} | {pass_} | {time(f_old['seconds'])} "
-            f"| {time(f_new['seconds'])} | {time(p_old['seconds'])} | {time(p_new['seconds'])} "
-            f"| {r_old:.2f} | {r_new:.2f}{moved} "
-            f"| {size(f_old['temp_bytes'])} / {size(p_old['temp_bytes'])} "
-            f"| {size(f_new['temp_bytes'])} / {size(p_new['temp_bytes'])} |"
-        )
+def main(old_path: str, new_path: str, causes_path: str) -> None:
+    old, new = (json.loads(Path(p).read_text()) for p in (old_path, new_path))
+    causes = json.loads(Path(causes_path).read_text())
+    pair = bench.compare(old, new, causes)
+    out = ROOT / bench.PLOT_DIR / bench.VERSIONS_FILE
+    out.write_text(json.dumps(pair, indent=1) + "\n")
+    bench.render(str(ROOT))
+    print(f"wrote {out} and BENCHMARKS.md; moved: {bench.moved(old, new)}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

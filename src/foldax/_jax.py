@@ -20,13 +20,20 @@ with jax 0.10.2 (Python 3.11) and jax 0.12.0 (Python 3.12, 3.13); the tests run 
 * What is being traced (:func:`trace_kind`, for :mod:`foldax._eager`): ``jax._src``'s trace
   context and trace classes, present in 0.10.2 and 0.12.0; on a JAX where they moved, the
   eager cache keys no tracer (a transformed call is traced as JAX would), never wrong.
+* JAX's persistent compilation cache, which a user may turn on (:func:`compiled_here`, for the
+  memory audit): ``jax.experimental.compilation_cache.compilation_cache.reset_cache``, in
+  0.10.2 and 0.12.0. The cache decides once per process whether it is used; resetting it
+  makes it read ``jax_enable_compilation_cache`` again.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 from jax.core import ShapedArray as ShapedArray
 from jax.core import Tracer as Tracer
+from jax.experimental.compilation_cache import compilation_cache as _compilation_cache
 from jax.extend.core import Jaxpr as Jaxpr
 from jax.extend.core import Literal as Literal
 from jax.extend.core import Primitive as Primitive
@@ -86,6 +93,23 @@ def trace_kind() -> str:
     return "eager" if isinstance(trace, _EvalTrace) else "staged"
 
 
+@contextlib.contextmanager
+def compiled_here():
+    """Compile inside without JAX's persistent compilation cache: an executable loaded from it
+    was not compiled in this process, so XLA writes none of the dumps asked for (its cache key
+    leaves them out). Not thread-safe: the cache is off for the whole process meanwhile."""
+    if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    _compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        _compilation_cache.reset_cache()
+
+
 __all__ = [
     "Jaxpr",
     "Literal",
@@ -95,6 +119,7 @@ __all__ = [
     "Zero",
     "ad",
     "batching",
+    "compiled_here",
     "eval_jaxpr",
     "is_jaxpr",
     "mlir",

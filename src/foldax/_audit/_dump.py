@@ -18,6 +18,7 @@ import tempfile
 
 import jax
 
+from .. import _jax
 from .._memory import lower
 
 _SHAPE = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
@@ -368,7 +369,8 @@ def _compile_with_dump(fn, args, kwargs, name):
     with tempfile.TemporaryDirectory(prefix="foldax-audit-") as d:
         try:
             lowered = lower(fn, args, kwargs, name)
-            compiled = lowered.compile(compiler_options={"xla_dump_to": d})
+            with _jax.compiled_here():  # not loaded from a persistent cache: dumped
+                compiled = lowered.compile(compiler_options={"xla_dump_to": d})
         except Exception as e:
             raise RuntimeError(
                 f"foldax.memory.audit({name}): the function failed to compile: "

@@ -170,7 +170,8 @@ def _example(q, k, v, q_len, kv_len, ids, bias, pairs, *, call, h_ax, groups, b_
 
     axes = (h_ax, h_ax, h_ax, over(b_heads), over(p_heads))
     out = jax.vmap(kv_head, axes, out_axes=h_ax)(qg, k, v, bias_g, pairs_g)
-    merge = lambda a: a.reshape((*a.shape[:h_ax], -1, *a.shape[h_ax + 2 :]))  # noqa: E731
+    heads = kh * groups  # (K, G) -> N; spelled out: -1 is ambiguous for empty sequences
+    merge = lambda a: a.reshape((*a.shape[:h_ax], heads, *a.shape[h_ax + 2 :]))  # noqa: E731
     return jax.tree.map(merge, out)
 
 
@@ -282,7 +283,7 @@ def dot_product_attention(
     """
     b, t, s, n, kh, h = _shapes(query, key, value, layout)
     call = dict(
-        scale=1.0 / math.sqrt(h) if scale is None else scale,
+        scale=1.0 / math.sqrt(h) if scale is None and h else 1.0 if scale is None else scale,
         is_causal=bool(is_causal),
         local_window_size=local_window_size,
         mask=mask if callable(mask) else None,

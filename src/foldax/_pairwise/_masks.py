@@ -123,7 +123,9 @@ def _check_mask(name, mask):
 
 
 def _check_segment_ids(name, segment_ids, m, n):
-    """``(ids_x, ids_y)`` as int32 arrays of shapes ``(M,)`` and ``(N,)``, or ``()``."""
+    """``(ids_x, ids_y)`` as integer arrays of shapes ``(M,)`` and ``(N,)`` of one dtype, or
+    ``()``. Only which ids are equal (and their order, for skipping blocks) matters: ids keep
+    their width, and host ids too wide for the integers JAX holds are relabelled in order."""
     if segment_ids is None:
         return ()
     pair = segment_ids if isinstance(segment_ids, tuple | list) else (segment_ids, segment_ids)
@@ -141,5 +143,29 @@ def _check_segment_ids(name, segment_ids, m, n):
                 f"{name}: segment_ids for the rows of {which} must be integers of shape "
                 f"({rows},), got {ids.dtype} of shape {np.shape(ids)}."
             )
-        out.append(jnp.asarray(ids, jnp.int32))
-    return tuple(out)
+        out.append(ids)
+    return _common_ids(name, *out)
+
+
+def _common_ids(name, ids_x, ids_y):
+    """Both id arrays in one integer dtype that holds every id exactly."""
+    held = jax.dtypes.canonicalize_dtype(jnp.promote_types(ids_x.dtype, ids_y.dtype))
+    if all(_holds(a, held) for a in (ids_x, ids_y)):
+        return jnp.asarray(ids_x, held), jnp.asarray(ids_y, held)
+    if all(isinstance(a, np.ndarray) for a in (ids_x, ids_y)):
+        # host ids wider than JAX's integers (64-bit without jax_enable_x64): relabel, in order
+        _, labels = np.unique(np.concatenate([ids_x, ids_y]), return_inverse=True)
+        labels = labels.reshape(-1).astype(np.int32)
+        return jnp.asarray(labels[: len(ids_x)]), jnp.asarray(labels[len(ids_x) :])
+    raise ValueError(
+        f"{name}: segment_ids of x ({ids_x.dtype}) and of y ({ids_y.dtype}) have no common "
+        f"integer type that JAX holds exactly (without jax_enable_x64); pass both with one dtype."
+    )
+
+
+def _holds(ids, dtype):
+    """Whether every id converts to ``dtype`` exactly (host ids by value, JAX's by type)."""
+    if isinstance(ids, np.ndarray):
+        info = np.iinfo(dtype)
+        return not ids.size or (info.min <= ids.min() and ids.max() <= info.max)
+    return np.can_cast(ids.dtype, dtype, "safe")

@@ -242,6 +242,7 @@ def _tile_best(v, mask, index, k):
         keys, ok, pos = key[:, :kk], empty[:, :kk] == 0, col[:, :kk]
         return _no_entry(ok, keys, jnp.take(index, pos))
     w = v.astype(jnp.float32)
+    w = jnp.where(w == 0, jnp.zeros_like(w), w)  # -0.0 ties with 0.0 (top_k orders them)
     low = mask & (w < jnp.inf)
     _, pos = lax.top_k(jnp.where(low, -w, -jnp.inf), kk)
     ok = jnp.take_along_axis(low, pos, axis=1)

@@ -126,11 +126,13 @@ def lse_weights(v, ok, m, rel):
 
 
 class WeightedLogSumExp(LogSumExp):
-    """``log sum_j w_j exp(l_j)`` (weights ``w >= 0``): KeOps' LogSumExp with weights, used in
-    optimal transport and mixture likelihoods. Value: a pair ``(logit, weight)``.
+    """``log sum_j w_j exp(l_j)``: KeOps' LogSumExp with weights, used in optimal transport and
+    mixture likelihoods. Value: a pair ``(logit, weight)``. As ``jax.nn.logsumexp(l, b=w)``: a
+    zero weight drops its term, a NaN weight makes the result NaN, and a negative total (some
+    weights may be negative) has no logarithm: NaN.
 
     State ``(m, s)`` as for :class:`LogSumExp`, with ``m`` the max logit among
-    positive weights (a zero weight never sets the shift, so ``s`` cannot underflow to 0 when a
+    nonzero weights (a zero weight never sets the shift, so ``s`` cannot underflow to 0 when a
     weighted term is far below an unweighted one). Derivatives: ``d/dl_j = w_j e_j`` and
     ``d/dw_j = e_j`` with ``e_j = exp(l_j - out)``, finite at ``w_j = 0``.
     """
@@ -150,7 +152,7 @@ class WeightedLogSumExp(LogSumExp):
         lg, w = v
         acc = _accumulator(lg.dtype)
         lg, w = lg.astype(acc), w.astype(acc)
-        live = mask & (w > 0)
+        live = mask & (w != 0)  # NaN and negative weights count (as in jax.nn.logsumexp)
         m = jnp.max(jnp.where(live, lg, jnp.asarray(-np.inf, acc)), axis=1)
         e = jnp.exp(lg - _finite_or_zero(m)[:, None])
         return (m, jnp.sum(jnp.where(live, w * e, jnp.zeros((), acc)), axis=1))

@@ -92,11 +92,11 @@ class SoftmaxSum(Monoid):
     n_outputs = 2
 
     def finalize(self, st):
-        # a row with nothing to weigh (every pair masked out) is 0, not 0 / 0
+        # a row with nothing to weigh (every pair masked out) is 0, not 0 / 0; a NaN logit
+        # makes its row NaN (as jax.nn's softmax)
         s = _expand(st[1], st[2].ndim)
-        return jnp.where(
-            s > 0, st[2] / jnp.where(s > 0, s, jnp.ones_like(s)), jnp.zeros_like(st[2])
-        )
+        empty = s == 0
+        return jnp.where(empty, jnp.zeros_like(st[2]), st[2] / jnp.where(empty, 1, s))
 
     def outputs(self, st):
         return (self.finalize(st), _finite_or_zero(st[0]) + jnp.log(st[1]))
@@ -109,7 +109,7 @@ class SoftmaxSum(Monoid):
     def _weights(lg, mask, lse):
         """``softmax`` weights ``(bi, bj)`` of a tile (in the log-sum-exp's dtype); exactly 0
         where masked or empty."""
-        ok = mask & (lse[:, None] > -np.inf)
+        ok = mask & (lse[:, None] != -np.inf)  # a NaN row's weights stay NaN
         z = jnp.where(ok, lg.astype(lse.dtype) - lse[:, None], jnp.asarray(-np.inf, lse.dtype))
         return jnp.exp(z), ok
 

@@ -13,6 +13,7 @@ README block and terminal tables), ``_plots`` (the plots) and ``_run`` (``run``,
 ``render``).
 """
 
+from ._config import BASELINE as BASELINE
 from ._config import FULL as FULL
 from ._config import PEERS as PEERS
 from ._config import PLOT_DIR as PLOT_DIR
@@ -28,7 +29,6 @@ from ._config import machine as machine
 from ._config import machine_line as machine_line
 from ._plots import plots as plots
 from ._progress import Progress as Progress
-from ._render import BASELINE as BASELINE
 from ._render import NOTES as NOTES
 from ._render import TITLES as TITLES
 from ._render import headlines as headlines
@@ -42,3 +42,6 @@ from ._run import _steps as _steps
 from ._run import render as render
 from ._run import run as run
 from ._run import write as write
+from ._versions import VERSIONS_FILE as VERSIONS_FILE
+from ._versions import compare as compare
+from ._versions import moved as moved

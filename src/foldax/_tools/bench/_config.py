@@ -139,3 +139,28 @@ def available(peer: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(PEERS[peer][0]) is not None
+
+
+#: The baseline each workload's ratios are taken against ("time / baseline").
+BASELINE = {
+    "seed": "global-max segment_sum",
+    "likelihood": "pad-and-scan",
+    "precomputed": "floor: jnp.exp(x).sum()",
+    "graph": "jax.ops (jraph's way)",
+    "s4": "naive broadcast",
+    "gaussian": "dense XLA",
+    "nearest": "pykeops (CPU)",
+    "attention": "jax.nn.dot_product_attention",
+    "packed": "jax.nn.dot_product_attention",
+    "overhead": "without foldax",
+    "sharded": "1 device(s)",
+}
+
+
+def format_time(s):
+    """Seconds as µs, ms or s."""
+    if s is None:
+        return "n/a"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"

@@ -5,22 +5,16 @@ from __future__ import annotations
 
 from ..._memory import format_bytes
 from ..._table import table
-from ._config import PLOT_DIR, README_END, README_START, WORKLOADS, machine_line
-
-#: The baseline each workload's ratios are taken against ("time / baseline").
-BASELINE = {
-    "seed": "global-max segment_sum",
-    "likelihood": "pad-and-scan",
-    "precomputed": "floor: jnp.exp(x).sum()",
-    "graph": "jax.ops (jraph's way)",
-    "s4": "naive broadcast",
-    "gaussian": "dense XLA",
-    "nearest": "pykeops (CPU)",
-    "attention": "jax.nn.dot_product_attention",
-    "packed": "jax.nn.dot_product_attention",
-    "overhead": "without foldax",
-    "sharded": "1 device(s)",
-}
+from ._config import (
+    BASELINE,
+    PLOT_DIR,
+    README_END,
+    README_START,
+    WORKLOADS,
+    format_time,
+    machine_line,
+)
+from ._versions import versions_section
 
 TITLES = {
     "seed": "The ragged logsumexp under vmap: per-segment logsumexp(f(theta, x)) - log(size), "
@@ -91,14 +85,6 @@ NOTES = {
 }
 
 
-def _fmt_time(s):
-    if s is None:
-        return "n/a"
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
-
-
 def _fmt_err(e):
     return "n/a" if e is None else f"{e:.1e}"
 
@@ -130,7 +116,7 @@ def workload_table(results: dict, name: str) -> list[str]:
             else f" {_fmt_err(r['rel_err'])} |"
         )
         lines.append(
-            f"| {r['case']} | {r['impl']} | {r['pass']} | {temp} | {_fmt_time(r['seconds'])} | {ratio} |"
+            f"| {r['case']} | {r['impl']} | {r['pass']} | {temp} | {format_time(r['seconds'])} | {ratio} |"
             + tail
         )
     return lines
@@ -370,7 +356,7 @@ def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
             continue
         peer = _base(rows, r, BASELINE["overhead"])
         if peer and peer["seconds"]:
-            secs = _fmt_time(r["seconds"]) + " vs " + _fmt_time(peer["seconds"])
+            secs = format_time(r["seconds"]) + " vs " + format_time(peer["seconds"])
             out.append(
                 (
                     f"{r['pass']}: {r['case']}",
@@ -389,7 +375,9 @@ def _merged_note(results: dict) -> str:
     )
 
 
-def render_markdown(results: dict) -> str:
+def render_markdown(results: dict, versions: dict | None = None) -> str:
+    """BENCHMARKS.md: every workload of ``results``, then, given a ``jax-versions.json``
+    (:mod:`._versions`), the headline workloads on the oldest and the newest JAX."""
     lines = [
         "# Benchmarks",
         "",
@@ -415,6 +403,8 @@ def render_markdown(results: dict) -> str:
         lines += [f"## {TITLES[name]}", "", *note, *workload_table(results, name), ""]
     if results.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({PLOT_DIR}/{p})" for p in results["plots"]] + [""]
+    if versions is not None:
+        lines += versions_section(versions)
     return "\n".join(lines)
 
 
@@ -457,7 +447,7 @@ def terminal_table(results: dict, name: str) -> str:
                 r["impl"],
                 r["pass"],
                 "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"]),
-                _fmt_time(r["seconds"]),
+                format_time(r["seconds"]),
                 "n/a" if b is None else f"{r['seconds'] / b['seconds']:.2f}",
                 _fmt_err(r["rel_err"]),
             )

@@ -42,6 +42,7 @@ from ._packed import bench_packed
 from ._plots import plots
 from ._progress import Progress
 from ._render import TITLES, render_markdown, render_readme_block, terminal_table
+from ._versions import VERSIONS_FILE
 
 
 def _steps(cfg: Config, only) -> int:
@@ -168,8 +169,13 @@ def write(results: dict, out: str) -> None:
 
 
 def _write_text(results: dict, out: str) -> None:
+    versions = os.path.join(out, PLOT_DIR, VERSIONS_FILE)
+    pair = None
+    if os.path.exists(versions):  # the headline workloads on two JAX versions, kept beside
+        with open(versions) as f:
+            pair = json.load(f)
     with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
-        f.write(render_markdown(results))
+        f.write(render_markdown(results, pair))
     readme = os.path.join(out, "README.md")
     if os.path.exists(readme):
         with open(readme) as f:
