@@ -5,6 +5,11 @@ compared by structure.
 would hold a previous call's values), the arrays it closes over taken out as ``consts``;
 :class:`Closed` replays it from them, and two are equal when their traces have the same
 structure (:func:`jaxpr_key`), which the eager cache (:mod:`foldax._eager`) keys on.
+
+An equation of a foldax fold (a user's ``fn`` that calls a foldax function) holds a rule object
+made afresh by every trace; it is compared by what it computes: its static description and the
+jaxpr of its implementation (:meth:`foldax._engine._primitive._Rules.structure`), keyed like
+any sub-jaxpr.
 """
 
 from __future__ import annotations
@@ -82,9 +87,10 @@ _RULE_PARAMS = frozenset(
 
 def jaxpr_key(jaxpr) -> tuple:
     """A hashable key equal for two jaxprs exactly when they compute the same thing: variables
-    by position, literals and array parameters by value, sub-jaxprs by their own keys, every
-    other parameter by its own equality (a function by identity), except differentiation rules
-    (:data:`_RULE_PARAMS`: the key is for running, not transforming). Source lines are ignored."""
+    by position, literals and array parameters by value, sub-jaxprs by their own keys, a foldax
+    fold's rule object by its structure (:func:`_structure`), every other parameter by its own
+    equality (a function by identity), except differentiation rules (:data:`_RULE_PARAMS`: the
+    key is for running, not transforming). Source lines are ignored."""
     ids: dict = {}
 
     def bind(vs):
@@ -110,7 +116,9 @@ def jaxpr_key(jaxpr) -> tuple:
 
 def has_rules(jaxpr) -> bool:
     """Whether ``jaxpr`` (or one nested in it) holds an equation with a differentiation rule
-    (:data:`_RULE_PARAMS`), which :func:`jaxpr_key` leaves out."""
+    (:data:`_RULE_PARAMS`), which :func:`jaxpr_key` leaves out; a foldax fold differentiates by
+    its own rules, which its structure decides unless its implementation holds such a rule, or
+    it is itself a derivative (transposed by its parent's rules)."""
     for eqn in jaxpr.eqns:
         if _RULE_PARAMS.intersection(eqn.params):
             return True
@@ -118,7 +126,27 @@ def has_rules(jaxpr) -> bool:
             for q in p if isinstance(p, tuple | list) else (p,):
                 if _jax.is_jaxpr(q) and has_rules(_jax.open_jaxpr(q)[0]):
                     return True
+                if _is_rule(q) and (q.derived or has_rules(_structure(q)[1])):
+                    return True
     return False
+
+
+def _is_rule(p) -> bool:
+    """Whether ``p`` is a foldax fold's rule object (an equation's parameter)."""
+    return callable(getattr(p, "structure", None)) and hasattr(p, "derived")
+
+
+def _structure(rule) -> tuple:
+    """``(static, jaxpr)`` of a fold's rule object (:meth:`structure`), traced once per object;
+    :class:`Unkeyable` if its implementation does not trace here."""
+    found = rule.__dict__.get("_structure")
+    if found is None:
+        try:
+            static, closed = rule.structure()
+        except Exception:
+            raise Unkeyable from None
+        found = rule.__dict__["_structure"] = (static, *_jax.open_jaxpr(closed))
+    return found
 
 
 def _effects_key(effects):
@@ -132,6 +160,10 @@ def _param_key(p):
     if _jax.is_jaxpr(p):
         jaxpr, consts = _jax.open_jaxpr(p)
         return ("jaxpr", jaxpr_key(jaxpr), tuple(value_key(c) for c in consts))
+    if _is_rule(p):  # a new object on every trace: compared by what it computes
+        static, jaxpr, consts = _structure(p)
+        key = (_param_key(static), jaxpr_key(jaxpr), tuple(value_key(c) for c in consts))
+        return ("rule", type(p), *key)
     if isinstance(p, tuple | list):
         return (type(p).__name__, *(_param_key(q) for q in p))
     if isinstance(p, dict):
@@ -141,28 +173,34 @@ def _param_key(p):
     return static_key(p)
 
 
-#: Digests of the jax.Arrays seen, by identity: they are immutable, so an array's content is
-#: read once (known segment ids of 100,000 rows take ~0.3 ms to digest).
-_DIGESTS: dict[int, tuple] = {}
+#: What was read of the jax.Arrays seen (:func:`read_once`), by identity while they live.
+_READ: dict[int, tuple] = {}
+
+
+def read_once(v, what, read):
+    """``read(v)`` for a jax.Array ``v``, computed once per array (by identity, while it lives)
+    and ``what``: arrays are immutable, so their content is read once (a digest of 100,000
+    known segment ids takes ~0.3 ms). Anything else is read every time."""
+    if not isinstance(v, jax.Array) or isinstance(v, _jax.Tracer):
+        return read(v)
+    i = id(v)
+    seen = _READ.get(i)
+    if seen is None or seen[0]() is not v:
+        try:
+            ref = weakref.ref(v, lambda _: _READ.pop(i, None))
+        except TypeError:
+            return read(v)
+        seen = _READ[i] = (ref, {})
+    if what not in seen[1]:
+        seen[1][what] = read(v)
+    return seen[1][what]
 
 
 def value_key(v):
     """An array-like by value: dtype, shape and a digest of its bytes (never a tracer)."""
     if isinstance(v, _jax.Tracer):
         raise Unkeyable
-    if isinstance(v, jax.Array):
-        seen = _DIGESTS.get(id(v))
-        if seen is not None and seen[0]() is v:
-            return seen[1]
-        key = _digest(v)
-        i = id(v)
-        try:
-            ref = weakref.ref(v, lambda _: _DIGESTS.pop(i, None))
-        except TypeError:
-            return key
-        _DIGESTS[i] = (ref, key)
-        return key
-    return _digest(v)
+    return read_once(v, "digest", _digest)
 
 
 def _digest(v):
@@ -196,4 +234,13 @@ def static_key(v):
     return (type(v), v)
 
 
-__all__ = ["Closed", "Unkeyable", "has_rules", "jaxpr_key", "static_key", "trace", "value_key"]
+__all__ = [
+    "Closed",
+    "Unkeyable",
+    "has_rules",
+    "jaxpr_key",
+    "read_once",
+    "static_key",
+    "trace",
+    "value_key",
+]

@@ -33,6 +33,7 @@ small per-slot outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -40,7 +41,7 @@ import jax.numpy as jnp
 
 from .. import _shard
 from .._jax import Zero
-from . import _direct, _runs
+from . import _direct, _registration, _runs
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
 from ._loop import _run, _typed_out_avals
 from ._probe import plan_units, unit_bytes, whole_rows
@@ -191,6 +192,19 @@ class _Rules(Primitive):
         out = Batched(self, axis_data.size, flags)(*args)
         return out, jax.tree.map(lambda _: 0, self.out_aval)
 
+    # -- structure -----------------------------------------------------------------------------
+
+    def structure(self):
+        """``(static, jaxpr)``: what this fold computes when it is run, for comparing the folds
+        of two traces (a new rule object each, :func:`foldax._closure.jaxpr_key`): its static
+        description (the spec less its callables, the avals) and the jaxpr of its
+        implementation on its input avals (on this backend), which holds what the callables
+        compute. Traces afresh: the eager cache calls it once per rule object."""
+        platform = "cpu" if jax.default_backend() == "cpu" else None
+        expand = functools.partial(_registration._expand, fold_rule=self, platform=platform)
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.in_avals_flat]
+        return self.static(), jax.make_jaxpr(expand)(*avals)
+
     # -- hooks ---------------------------------------------------------------------------------
 
     def prepare_slot_cotangents(self, g_slot):
@@ -229,6 +243,11 @@ def _parts(flat, nz, nc, ns):
     return _unflag(_pick(flat, nz), nz, nc, ns)
 
 
+#: The fields of a :class:`Spec` that hold callables (or, ``origin``, the rule of another
+#: trace): a fold's structure holds what they compute instead (:meth:`_Rules.structure`).
+_CALLABLES = frozenset({"body", "pair_mask", "block_live", "origin"})
+
+
 def _args(arrays, consts, slots, rows):
     return (tuple(arrays), tuple(consts), tuple(slots), tuple(rows))
 
@@ -264,6 +283,17 @@ class Fold(_Rules):
 
     def scaled(self, k):
         return Fold(self.spec.replace(scale=self.spec.scale * k), self.in_avals)
+
+    def static(self):
+        """The spec's hashable description (its callables left out: :meth:`structure`) and the
+        input avals."""
+        fields = (f.name for f in dataclasses.fields(self.spec) if f.name not in _CALLABLES)
+        return ("Fold", tuple((k, getattr(self.spec, k)) for k in fields), self.in_avals)
+
+    @property
+    def derived(self):
+        """Whether this fold is the tangent fold of another (transposed by that one's rules)."""
+        return self.spec.origin is not None
 
     def for_derivatives(self):
         """The fold a differentiated call computes: this one, or where the monoid asks for it
@@ -375,6 +405,13 @@ class Batched(_Rules):
 
     def scaled(self, k):
         return Batched(self.inner.scaled(k), self.size, self.dims)
+
+    def static(self):
+        return ("Batched", self.size, self.dims, self.inner.static())
+
+    @property
+    def derived(self):
+        return self.inner.derived
 
     def for_derivatives(self):
         inner = self.inner.for_derivatives()

@@ -149,7 +149,8 @@ def _check_segment_ids(name, segment_ids, m, n):
 
 def _common_ids(name, ids_x, ids_y):
     """Both id arrays in one integer dtype that holds every id exactly."""
-    held = jax.dtypes.canonicalize_dtype(jnp.promote_types(ids_x.dtype, ids_y.dtype))
+    common = np.promote_types(ids_x.dtype, ids_y.dtype)  # (int64 with uint64: no integer)
+    held = jax.dtypes.canonicalize_dtype(common if common.kind in "iu" else np.int64)
     if all(_holds(a, held) for a in (ids_x, ids_y)):
         return jnp.asarray(ids_x, held), jnp.asarray(ids_y, held)
     if all(isinstance(a, np.ndarray) for a in (ids_x, ids_y)):

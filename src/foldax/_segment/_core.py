@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import weakref
 from typing import TYPE_CHECKING
 
 import jax
@@ -13,10 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from .. import _checks, _eager, _jax, _shard
+from .. import _checks, _closure, _eager, _jax, _shard
 from .._reductions import LOGSUMEXP, MAX, MEAN, MIN
 from . import _fold, _policy
-from ._partition import _Contiguous, _Empty, _Ids, _is_numpy, _mode, _partition
+from ._partition import (
+    _MAX_SEGMENTS,
+    SortedIds,
+    _Contiguous,
+    _Empty,
+    _Ids,
+    _is_numpy,
+    _mode,
+    _partition,
+    sorted_bounds,
+)
 
 if TYPE_CHECKING:
     pass
@@ -347,10 +358,93 @@ def _fn_check(closed):
         raise ValueError("not row-wise")  # the uncached call explains
 
 
-#: Eager calls run one cached executable (:mod:`foldax._eager`): ``data`` and the arrays ``fn``
-#: closes over are its inputs; every other argument is static.
+def _eager_arguments(arguments):
+    """The arguments an eager call is keyed and run with: ``segment_ids`` given as an array
+    (NumPy, or a jax.Array on one device) is an input of the executable, never a value it is
+    compiled for. Read once per jax.Array (NumPy ids on every call) are cheap facts that pick the
+    program: whether the ids are sorted (the call is then told so, as by
+    ``indices_are_sorted=True``: contiguous segments) and, where ``num_segments`` is left out,
+    the largest id (which gives it); sorted ids passed again by the next call also carry their
+    segments' bounds (:func:`_sorted_hint`). NumPy ids in a dtype that JAX would narrow (int64
+    without ``jax_enable_x64``) are narrowed here when they fit. Whatever is odd (a wrong dtype or
+    shape, a broken promise of sorted ids) runs uncached, to raise the call's own error."""
+    ids = arguments.get("segment_ids")
+    if isinstance(ids, _jax.Tracer):  # of an eager vmap / grad: keyed by its shape and dtype
+        if arguments.get("num_segments") is None:
+            raise _closure.Unkeyable  # (the uncached call explains)
+        return arguments
+    if not isinstance(ids, jax.Array | np.ndarray):  # None, or a list: read as a value
+        return arguments
+    if isinstance(ids, jax.Array) and len(ids.sharding.device_set) > 1:
+        raise _closure.Unkeyable  # a mesh's ids: where they lie decides the program
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":  # (not bool either)
+        raise _closure.Unkeyable
+    ordered, lo, hi = _closure.read_once(ids, "segment_ids", _id_facts)
+    if arguments.get("indices_are_sorted") and not ordered:
+        raise _closure.Unkeyable
+    told = dict(arguments, indices_are_sorted=bool(ordered or arguments.get("indices_are_sorted")))
+    if arguments.get("num_segments") is None:
+        told["num_segments"] = max(hi + 1, 0) if ids.size else 0
+    if _again(ids) and ordered:
+        told["indices_are_sorted"] = _sorted_hint(ids, told) or True
+    if isinstance(ids, np.ndarray) and jax.dtypes.canonicalize_dtype(ids.dtype) != ids.dtype:
+        if ids.size and not (_INT32.min <= lo and hi <= _INT32.max):
+            raise _closure.Unkeyable
+        told["segment_ids"] = ids.astype(np.int32)
+    return told
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _id_facts(ids):
+    """``(sorted, smallest, largest)`` of 1-D integer ids (both ``0`` when there are none)."""
+    a = np.asarray(ids)
+    if not a.size:
+        return True, 0, 0
+    return bool(np.all(a[1:] >= a[:-1])), int(a.min()), int(a.max())
+
+
+#: The ids of the last eager call (a weak reference), to tell a loop over the same ids apart.
+_LAST_IDS = [lambda: None]
+
+
+def _again(ids) -> bool:
+    """Whether ``ids`` is the very array the previous eager call with ids had (a loop over one
+    graph, not over batches: only then are its bounds worth a program of their own)."""
+    again = _LAST_IDS[0]() is ids
+    try:
+        _LAST_IDS[0] = weakref.ref(ids)
+    except TypeError:
+        _LAST_IDS[0] = lambda: None
+    return again
+
+
+def _sorted_hint(ids, told):
+    """Sorted ids passed again: a :class:`._partition.SortedIds` with their segments' bounds
+    (``O(S)``, in the key by digest), which plan the call as for known ids, where the segments
+    are long enough for the contiguous walk (:mod:`._policy`) to gain from that over the
+    bounds a traced-ids program computes; else ``None``."""
+    s = told.get("num_segments")
+    if not isinstance(s, int) or isinstance(s, bool) or not 0 < s <= _MAX_SEGMENTS:
+        return None
+    if ids.shape[0] < _policy.WALK_MIN_ROWS_PER_SEGMENT * s:
+        return None
+    try:
+        clip = _mode("", told.get("mode"), told.get("unique_indices", False), None)
+    except (TypeError, ValueError):
+        return None
+    read = lambda a: SortedIds(a.shape[0], s, clip, sorted_bounds(np.asarray(a), s, clip))  # noqa: E731
+    return _closure.read_once(ids, ("bounds", s, clip), read)
+
+
+#: Eager calls run one cached executable (:mod:`foldax._eager`): ``data``, ``segment_ids``
+#: given as an array and the arrays ``fn`` closes over are its inputs; every other argument
+#: (``sizes``, ``offsets``, ids given as a list) is static, keyed by value.
 _eager_call = _eager.cached(
-    dynamic=("data",), hoist={"fn": _eager.Hoist(_fn_examples, _fold.replay_rows, _fn_check)}
+    dynamic=("data", "segment_ids"),
+    hoist={"fn": _eager.Hoist(_fn_examples, _fold.replay_rows, _fn_check)},
+    prepare=_eager_arguments,
 )
 
 

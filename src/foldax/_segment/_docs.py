@@ -10,7 +10,8 @@ _PARTITION_DOC = """
       segment_ids: int array ``(N,)`` of any integer dtype (signed or unsigned): the segment of
         every row. Ids outside ``[0, num_segments)`` are dropped, as in ``jax.ops`` (compared
         exactly, whatever their dtype: ``jax.ops`` converts them to int32 first). Sorted ids
-        (``indices_are_sorted`` or known at trace time) take the fast contiguous path.
+        (``indices_are_sorted``, known at trace time, or read by an eager call) take the fast
+        contiguous path.
       num_segments: static int. Required with traced ``segment_ids``; implied by ``sizes`` /
         ``offsets``.
       sizes: contiguous segments given by their sizes ``(S,)``, summing to ``N``. Python ints /

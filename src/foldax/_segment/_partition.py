@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _checks, _engine, _jax, _shard
+from .. import _checks, _closure, _engine, _jax, _shard
 from .._engine._plan import static_ends, static_table
 
 if TYPE_CHECKING:
@@ -128,6 +128,10 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
         work = _working_ids(ids, num_segments, clip, jnp)
         if indices_are_sorted:  # the caller's promise, checked inside foldax.debug_checks
             _checks.check_partition(name, "segment_ids", work if clip else ids, n)
+        if isinstance(indices_are_sorted, SortedIds):  # sorted ids whose bounds were read
+            part = indices_are_sorted.partition(n, num_segments, clip, work)
+            if part is not None:
+                return part
         promised = bool(indices_are_sorted)
         return _Ids(work, num_segments, promised, in_range=clip, ordered=promised)
     work = _working_ids(static, num_segments, clip, np)
@@ -138,6 +142,44 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
         bounds = np.searchsorted(work, np.arange(num_segments + 1), side="left")
         return _Contiguous(np.diff(bounds), bounds[:-1], num_segments, work)
     return _Ids(static_table(work), num_segments, False, in_range=_within(work, num_segments))
+
+
+class SortedIds:
+    """``indices_are_sorted`` as an eager call passes it (:func:`foldax._segment._core.
+    _sorted_hint`) for ids it has read, found sorted and met in the call before (a loop over one
+    partition): besides the promise, their segments' bounds ``(S + 1,)`` (:func:`sorted_bounds`,
+    for ``n`` ids, ``clip`` or not, into ``num_segments``), so that the call plans its walk as
+    for known ids, while the ids stay an input of the executable (whose key holds a digest of
+    the bounds, never the ids)."""
+
+    def __init__(self, n, num_segments, clip, bounds):
+        self.n, self.num_segments, self.clip, self.bounds = n, num_segments, clip, bounds
+        self._key = (n, num_segments, clip, _closure.value_key(bounds))
+
+    def __eq__(self, other):
+        return isinstance(other, SortedIds) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def partition(self, n, num_segments, clip, work):
+        """The :class:`_Contiguous` segments of the traced ids ``work`` (for ``n`` ids into
+        ``num_segments``, ``clip`` or not), or ``None`` where the bounds were read for another
+        partition."""
+        if (self.n, self.num_segments, self.clip) != (n, num_segments, clip):
+            return None
+        b = self.bounds
+        return _Contiguous(np.diff(b), b[:-1], num_segments, work, b[0] == 0 and b[-1] == n)
+
+
+def sorted_bounds(ids, num_segments, clip) -> np.ndarray:
+    """The bounds ``(S + 1,)`` of the contiguous segments of sorted NumPy ``ids`` into
+    ``num_segments`` (``clip``: ids out of range clipped into it, else dropped), int64:
+    segment ``s`` is rows ``bounds[s] : bounds[s + 1]``. ``O(S log N)``."""
+    bounds = np.searchsorted(ids, np.arange(num_segments + 1), side="left").astype(np.int64)
+    if clip:
+        bounds[0], bounds[-1] = 0, ids.shape[0]
+    return bounds
 
 
 def _ids_input(name, n, segment_ids):
@@ -207,19 +249,25 @@ class _Empty:
 
 
 class _Contiguous:
-    """Segments ``s`` = rows ``offsets[s] : offsets[s] + sizes[s]`` (NumPy = static, or traced)."""
+    """Segments ``s`` = rows ``offsets[s] : offsets[s] + sizes[s]`` (NumPy = static, or traced).
 
-    def __init__(self, sizes, offsets, count, ids=None):
+    ``ids``: the sorted ids these segments came from, if any: known (NumPy), or traced ids whose
+    bounds an eager call read (:class:`SortedIds`; ``in_range``: whether none is dropped)."""
+
+    def __init__(self, sizes, offsets, count, ids=None, in_range=None):
         self.sizes, self.offsets, self.num_segments = sizes, offsets, count
         self.static = isinstance(sizes, np.ndarray)
-        self.ids = ids  # the known sorted ids these segments came from (NumPy), if any
+        self.ids, self.in_range = ids, in_range
 
     def by_ids(self):
         """The same partition as per-row ids (an :class:`_Ids`), if it is static (known ids, or
-        static sizes / offsets: every row's segment is known at trace time)."""
+        static sizes / offsets: every row's segment is known at trace time; or traced ids with
+        static bounds, scattered by themselves)."""
         if not self.static:
             return None
         ids = self.ids
+        if ids is not None and not isinstance(ids, np.ndarray):
+            return _Ids(ids, self.num_segments, False, bool(self.in_range), ordered=True)
         if ids is None:
             ids = np.repeat(np.arange(self.num_segments, dtype=np.int32), self.sizes)
         in_range = _within(ids, self.num_segments)
