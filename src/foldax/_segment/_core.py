@@ -27,6 +27,7 @@ from ._partition import (
     _mode,
     _partition,
     sorted_bounds,
+    working_ids,
 )
 
 if TYPE_CHECKING:
@@ -402,7 +403,7 @@ def _id_facts(ids):
     a = np.asarray(ids)
     if not a.size:
         return True, 0, 0
-    return bool(np.all(a[1:] >= a[:-1])), int(a.min()), int(a.max())
+    return _checks.first_decrease(a) is None, int(a.min()), int(a.max())
 
 
 #: The ids of the last eager call (a weak reference), to tell a loop over the same ids apart.
@@ -434,7 +435,7 @@ def _sorted_hint(ids, told):
         clip = _mode("", told.get("mode"), told.get("unique_indices", False), None)
     except (TypeError, ValueError):
         return None
-    read = lambda a: SortedIds(a.shape[0], s, clip, sorted_bounds(np.asarray(a), s, clip))  # noqa: E731
+    read = lambda a: SortedIds(a.shape[0], s, clip, sorted_bounds(working_ids(a, s, clip), s))  # noqa: E731
     return _closure.read_once(ids, ("bounds", s, clip), read)
 
 

@@ -139,7 +139,7 @@ def _from_segment_ids(name, n, segment_ids, num_segments, indices_are_sorted, cl
     if err is not None:  # (clipped ids are checked as clipped, like traced ones)
         raise ValueError(f"{name}: {err}; sort the rows by id, or leave indices_are_sorted out.")
     if _checks.first_decrease(work) is None:  # known and sorted: contiguous, the tiled path
-        bounds = np.searchsorted(work, np.arange(num_segments + 1), side="left")
+        bounds = sorted_bounds(work, num_segments)
         return _Contiguous(np.diff(bounds), bounds[:-1], num_segments, work)
     return _Ids(static_table(work), num_segments, False, in_range=_within(work, num_segments))
 
@@ -172,14 +172,18 @@ class SortedIds:
         return _Contiguous(np.diff(b), b[:-1], num_segments, work, b[0] == 0 and b[-1] == n)
 
 
-def sorted_bounds(ids, num_segments, clip) -> np.ndarray:
-    """The bounds ``(S + 1,)`` of the contiguous segments of sorted NumPy ``ids`` into
-    ``num_segments`` (``clip``: ids out of range clipped into it, else dropped), int64:
-    segment ``s`` is rows ``bounds[s] : bounds[s + 1]``. ``O(S log N)``."""
-    bounds = np.searchsorted(ids, np.arange(num_segments + 1), side="left").astype(np.int64)
-    if clip:
-        bounds[0], bounds[-1] = 0, ids.shape[0]
-    return bounds
+def sorted_bounds(work, num_segments) -> np.ndarray:
+    """The bounds ``(S + 1,)`` of the contiguous segments of sorted NumPy working ids
+    (:func:`_working_ids`) into ``num_segments``, int64: segment ``s`` is rows
+    ``bounds[s] : bounds[s + 1]`` (rows before ``bounds[0]`` or from ``bounds[-1]`` are
+    dropped). ``O(S log N)``."""
+    return np.searchsorted(work, np.arange(num_segments + 1), side="left").astype(np.int64)
+
+
+def working_ids(ids, num_segments, clip):
+    """NumPy ``ids`` as the int32 working ids of a partition into ``num_segments`` (clipped
+    into range, or those out of range kept out of it)."""
+    return _working_ids(np.asarray(ids), num_segments, clip, np)
 
 
 def _ids_input(name, n, segment_ids):

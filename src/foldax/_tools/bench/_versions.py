@@ -49,14 +49,15 @@ def moved(old: dict, new: dict) -> list[str]:
 def compare(old: dict, new: dict, causes: dict[str, str]) -> dict:
     """The content of ``jax-versions.json`` for two runs' ``results.json``; ``causes`` maps
     each moved row (:func:`moved`) to why it moved."""
-    missing = [k for k in moved(old, new) if not causes.get(k)]
+    rows = moved(old, new)
+    missing = [k for k in rows if not causes.get(k)]
     if missing:
         raise ValueError(f"a measured cause is needed for each moved ratio: {missing}")
     keep = ("command", "date", "machine", "repeats", "workloads")
     return {
         "old": {k: old[k] for k in keep},
         "new": {k: new[k] for k in keep},
-        "causes": {k: causes[k] for k in moved(old, new)},
+        "causes": {k: causes[k] for k in rows},
     }
 
 
