@@ -215,14 +215,18 @@ def axis_name_run(form, sizes, s):
 
 def axis_name_program(f):
     """``(loss and its gradient, every reduction's values)`` of ``f(name, x, theta, ids)``, in
-    one program (one compilation)."""
+    one program (one compilation). The loss is ``sum(where(isfinite(o), o, 0) ** 2)`` over the
+    reductions' outputs ``o``; its gradient is the pullback of ``o``'s VJP (one trace of every
+    reduction gives both the values and the gradient) of the loss's cotangent
+    ``2 * where(isfinite(o), o, 0)``: what ``jax.value_and_grad`` of the loss computes."""
 
-    def total(x, theta, ids):
-        outs = [f(name, x, theta, ids) for name in ALL]
-        return sum(jnp.sum(jnp.where(jnp.isfinite(o), o, 0) ** 2) for o in outs)
+    def run(x, theta, ids):
+        outs, pull = jax.vjp(lambda x, t: [f(name, x, t, ids) for name in ALL], x, theta)
+        kept = [jnp.where(jnp.isfinite(o), o, 0) for o in outs]
+        total = sum(jnp.sum(o**2) for o in kept)
+        return (total, pull([2 * o for o in kept])), dict(zip(ALL, outs, strict=True))
 
-    grad = jax.value_and_grad(total, (0, 1))
-    return jax.jit(lambda *a: (grad(*a), {nm: f(nm, *a) for nm in ALL}))
+    return jax.jit(run)
 
 
 @functools.cache  # check_vma True and False share the data and the one-device results

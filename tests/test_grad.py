@@ -43,19 +43,16 @@ F32 = np.float32
 
 
 def _vjps(names, foldax_fn, dense_fn, args, rng):
-    """``{name: (foldax grads, dense grads)}``, each jitted once for all names; ``args``: the
-    arguments of every name, or ``{name: its arguments}``."""
+    """``{name: (foldax grads, dense grads)}``, both for all names in one program (one
+    compilation); ``args``: the arguments of every name, or ``{name: its arguments}``."""
     per = args if isinstance(args, dict) else {n: args for n in names}
     outs = jax.eval_shape(lambda per: {n: foldax_fn(n, *per[n]) for n in names}, per)
     cts = {n: jnp.asarray(rng.standard_normal(o.shape).astype(o.dtype)) for n, o in outs.items()}
 
-    def grads(f):
-        def run(per, cts):
-            return {n: jax.vjp(lambda *a, n=n: f(n, *a), *per[n])[1](cts[n]) for n in names}
+    def grads(f, per, cts):
+        return {n: jax.vjp(lambda *a, n=n: f(n, *a), *per[n])[1](cts[n]) for n in names}
 
-        return jax.jit(run)(per, cts)
-
-    got, want = grads(foldax_fn), grads(dense_fn)
+    got, want = jax.jit(lambda *a: (grads(foldax_fn, *a), grads(dense_fn, *a)))(per, cts)
     return {n: (got[n], want[n]) for n in names}
 
 
@@ -215,9 +212,7 @@ def test_jit_vmap_grad(rng):
         f = loss(lambda x: dense(n, x, part.ids, part.num_segments))
         return jax.vmap(jax.grad(f), in_axes=(0, None))(xs[n], cts[n])
 
-    got = jit_each(DIFFERENTIABLE, lib)(xs)
-    want = jit_each(DIFFERENTIABLE, ref)(xs)
-    pairs = {n: (got[n], want[n]) for n in DIFFERENTIABLE}
+    pairs = jit_each(DIFFERENTIABLE, lambda n, xs: (lib(n, xs), ref(n, xs)))(xs)  # one program
     _assert_grads_match(pairs, {n: data_scale(x) for n, x in xs.items()})
 
 
@@ -258,15 +253,16 @@ def test_grads_finite_with_empty_segments_and_neginf(rng):
     some_inf[part.offsets[3] + 5] = -np.inf
     all_inf = some_inf.copy()
     all_inf[part.offsets[6] : part.offsets[7]] = -np.inf  # all -inf segment (softmax: NaN)
-    for data, names in ((some_inf, NORMALIZERS), (all_inf, REDUCTIONS)):
-        pairs = _vjps(
-            names,
-            lambda n, x: op(n)(x, sizes=sizes, chunk_size=3),
-            lambda n, x: dense(n, x, part.ids, part.num_segments),
-            (jnp.asarray(data),),
-            rng,
-        )
-        _assert_grads_match(pairs, data_scale(data))
+    cases = {(n, "some -inf"): some_inf for n in NORMALIZERS}
+    cases |= {(n, "an all -inf segment"): all_inf for n in REDUCTIONS}
+    pairs = _vjps(  # both data in one program
+        list(cases),
+        lambda n, x: op(n[0])(x, sizes=sizes, chunk_size=3),
+        lambda n, x: dense(n[0], x, part.ids, part.num_segments),
+        {n: (jnp.asarray(data),) for n, data in cases.items()},
+        rng,
+    )
+    _assert_grads_match(pairs, {n: data_scale(data) for n, data in cases.items()})
 
 
 @pytest.mark.slow
@@ -306,11 +302,17 @@ def test_gradient_against_dense(rng, name):
         return jnp.sum(jnp.where(jnp.isnan(d), 0.0, d) * w)
 
     x = jnp.asarray(x)
-    assert_allclose(jax.grad(ours)(x), jax.grad(dense_loss)(x), dtype=np.float32, scale=4)
     t = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
-    assert_allclose(
-        jax.jvp(ours, (x,), (t,))[1], jax.jvp(dense_loss, (x,), (t,))[1], dtype=np.float32, scale=10
-    )
+    grad, grad_dense, jvp, jvp_dense = jax.jit(  # one program: one compilation
+        lambda x, t: (
+            jax.grad(ours)(x),
+            jax.grad(dense_loss)(x),
+            jax.jvp(ours, (x,), (t,))[1],
+            jax.jvp(dense_loss, (x,), (t,))[1],
+        )
+    )(x, t)
+    assert_allclose(grad, grad_dense, dtype=np.float32, scale=4)
+    assert_allclose(jvp, jvp_dense, dtype=np.float32, scale=10)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import (
     assert_allclose,
+    check_each,
     dense,
     dense_matrix,
     op,
@@ -43,25 +44,45 @@ def _data(rng, n, feat=(), scale=1.0, shift=0.0):
 
 
 def _check_second_order(loss, dense, x):
-    """Reverse over reverse three ways against the dense twin's Hessian (all jitted, in one
-    program: one compilation, which is what takes the time)."""
-    u = jnp.linspace(-1.0, 1.0, x.size, dtype=jnp.float32).reshape(x.shape)
+    """:func:`_check_second_orders` of one case."""
+    _check_second_orders({"": (loss, dense, x)})
 
-    def vjp_of_vjp(t, u):  # the Hessian-vector product by pulling back twice
+
+def _check_second_orders(cases):
+    """Per case ``{label: (loss, dense, x)}``: reverse over reverse three ways against the dense
+    twin's Hessian. All jitted, every case in one program: one compilation, which is what takes
+    the time. Each case is checked by itself; one report lists every case that failed."""
+
+    def vjp_of_vjp(loss, t, u):  # the Hessian-vector product by pulling back twice
         _, pull = jax.vjp(lambda t: jax.vjp(loss, t)[1](jnp.float32(1))[0], t)
         return pull(u)[0]
 
-    def derivatives(t, u):
+    def derivatives(loss, dense, t, u):
         hess = jax.jacrev(jax.grad(loss))(t)
         gg = jax.grad(lambda t, u: jnp.vdot(jax.grad(loss)(t), u))(t, u)
-        return jax.hessian(dense)(t), hess, gg, vjp_of_vjp(t, u)
+        want = jax.hessian(dense)(t)
+        hvp = want.reshape(t.size, t.size) @ u.ravel()
+        return want, hvp, hess, gg, vjp_of_vjp(loss, t, u)
 
-    want, hess, gg, vv = jax.jit(derivatives)(x, u)
-    scale = float(jnp.max(jnp.abs(want))) + 1.0
-    assert_allclose(hess, want, dtype=np.float32, scale=scale)
-    hvp = want.reshape(x.size, x.size) @ u.ravel()
-    assert_allclose(gg.ravel(), hvp, dtype=np.float32, scale=scale)
-    assert_allclose(vv.ravel(), hvp, dtype=np.float32, scale=scale)
+    xs = {k: x for k, (_, _, x) in cases.items()}
+    us = {
+        k: jnp.linspace(-1.0, 1.0, x.size, dtype=jnp.float32).reshape(x.shape)
+        for k, x in xs.items()
+    }
+    outs = jax.jit(
+        lambda xs, us: {
+            k: derivatives(loss, dense, xs[k], us[k]) for k, (loss, dense, _) in cases.items()
+        }
+    )(xs, us)
+
+    def check(k):
+        want, hvp, hess, gg, vv = (np.asarray(a) for a in outs[k])
+        scale = float(np.max(np.abs(want))) + 1.0
+        assert_allclose(hess, want, dtype=np.float32, scale=scale, err_msg=f"{k} jacrev(grad)")
+        assert_allclose(gg.ravel(), hvp, dtype=np.float32, scale=scale, err_msg=f"{k} grad(grad)")
+        assert_allclose(vv.ravel(), hvp, dtype=np.float32, scale=scale, err_msg=f"{k} vjp(vjp)")
+
+    check_each(cases, check, prefix="")
 
 
 CASES = [(name, "sizes") for name in sorted(SECOND_ORDER)] + [
@@ -70,25 +91,30 @@ CASES = [(name, "sizes") for name in sorted(SECOND_ORDER)] + [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "how"), CASES)
-def test_segment_reverse_over_reverse(name, how, rng):
-    f = op(name)
-    # distinct values, away from 0 (prod) and from ties (max / min)
-    x = jnp.asarray(rng.permutation(N).astype(np.float32) * 0.25 + 0.5)
-    w = jnp.asarray(
-        rng.standard_normal(len(SIZES) if name not in ("softmax", "log_softmax") else N)
-    )
-    w = w.astype(jnp.float32)
-    ids = jnp.asarray(np.repeat(np.arange(len(SIZES)), SIZES))
-    kw = {"sizes": SIZES} if how == "sizes" else {"segment_ids": ids, "num_segments": len(SIZES)}
+def test_segment_reverse_over_reverse(rng):
+    """Every case of CASES, in one program."""
+    cases = {}
+    for name, how in CASES:
+        f = op(name)
+        # distinct values, away from 0 (prod) and from ties (max / min)
+        x = jnp.asarray(rng.permutation(N).astype(np.float32) * 0.25 + 0.5)
+        w = jnp.asarray(
+            rng.standard_normal(len(SIZES) if name not in ("softmax", "log_softmax") else N)
+        )
+        w = w.astype(jnp.float32)
+        ids = jnp.asarray(np.repeat(np.arange(len(SIZES)), SIZES))
+        kw = (
+            {"sizes": SIZES} if how == "sizes" else {"segment_ids": ids, "num_segments": len(SIZES)}
+        )
 
-    def loss(v):
-        return jnp.sum(jnp.sin(f(v, **kw)) * w)
+        def loss(v, f=f, kw=kw, w=w):
+            return jnp.sum(jnp.sin(f(v, **kw)) * w)
 
-    def dense_loss(v):
-        return jnp.sum(jnp.sin(dense(name, v, IDS, len(SIZES))) * w)
+        def dense_loss(v, name=name, w=w):
+            return jnp.sum(jnp.sin(dense(name, v, IDS, len(SIZES))) * w)
 
-    _check_second_order(loss, dense_loss, x)
+        cases[f"segment_{name} ({how})"] = (loss, dense_loss, x)
+    _check_second_orders(cases)
 
 
 @pytest.mark.slow
@@ -114,23 +140,26 @@ PAIRWISE = ["sum", "logsumexp", "max", "min", "max_argmax", "min_argmin", "kmin"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reduction", PAIRWISE)
-def test_pairwise_reverse_over_reverse(reduction, rng):
-    xs = jnp.asarray(rng.standard_normal((5, 2)).astype(np.float32))
-    ys = jnp.asarray(rng.standard_normal((6, 2)).astype(np.float32))
-    kernel = (lambda a, b: (jnp.dot(a, b), b)) if reduction == "softmax" else _sq
-    kw = {"k": 2} if reduction == "kmin" else {}
+def test_pairwise_reverse_over_reverse(rng):
+    """Every reduction of PAIRWISE, in one program."""
+    cases = {}
+    for reduction in PAIRWISE:
+        xs = jnp.asarray(rng.standard_normal((5, 2)).astype(np.float32))
+        ys = jnp.asarray(rng.standard_normal((6, 2)).astype(np.float32))
+        kernel = (lambda a, b: (jnp.dot(a, b), b)) if reduction == "softmax" else _sq
+        kw = {"k": 2} if reduction == "kmin" else {}
 
-    def loss(x):
-        out = foldax.pairwise_reduce(kernel, x, ys, reduction=reduction, **kw)
-        out = out[0] if isinstance(out, tuple) else out
-        return jnp.sum(jnp.sin(out))
+        def loss(x, reduction=reduction, kernel=kernel, ys=ys, kw=kw):
+            out = foldax.pairwise_reduce(kernel, x, ys, reduction=reduction, **kw)
+            out = out[0] if isinstance(out, tuple) else out
+            return jnp.sum(jnp.sin(out))
 
-    def dense(x):
-        out = pairwise_dense(reduction, dense_matrix(kernel, x, ys), **kw)
-        return jnp.sum(jnp.sin(out[0] if isinstance(out, tuple) else out))
+        def dense(x, reduction=reduction, kernel=kernel, ys=ys, kw=kw):
+            out = pairwise_dense(reduction, dense_matrix(kernel, x, ys), **kw)
+            return jnp.sum(jnp.sin(out[0] if isinstance(out, tuple) else out))
 
-    _check_second_order(loss, dense, xs)
+        cases[f"pairwise {reduction}"] = (loss, dense, xs)
+    _check_second_orders(cases)
 
 
 @pytest.mark.slow
@@ -150,8 +179,6 @@ def test_cauchy_and_vandermonde_reverse_over_reverse(rng):
         )
         return jnp.sum(jnp.abs(k) ** 2)
 
-    _check_second_order(lambda t: cauchy(t, True), lambda t: cauchy(t, False), theta)
-
     ell = jnp.arange(length, dtype=jnp.float32).astype(jnp.complex64)
 
     def vander(t, fold):
@@ -163,7 +190,12 @@ def test_cauchy_and_vandermonde_reverse_over_reverse(rng):
         )
         return jnp.sum(jnp.abs(k) ** 2)
 
-    _check_second_order(lambda t: vander(t, True), lambda t: vander(t, False), theta)
+    _check_second_orders(  # both in one program
+        {
+            "cauchy": (lambda t: cauchy(t, True), lambda t: cauchy(t, False), theta),
+            "vandermonde": (lambda t: vander(t, True), lambda t: vander(t, False), theta),
+        }
+    )
 
 
 @pytest.mark.slow
@@ -195,16 +227,21 @@ def test_hessian_and_jvp_of_grad(rng):
     def dense_loss(t):
         return jnp.sum(dense("logsumexp", x @ t, np.repeat([0, 1], sizes), 2))
 
-    # foldax's side runs eagerly (the other tests jit it); the dense references are jitted
-    want = jax.jit(jax.hessian(dense_loss))(theta)
-    assert_allclose(jax.hessian(loss)(theta), want, dtype=np.float32)
+    # foldax's side runs eagerly (the other tests jit it); the dense references are jitted, in
+    # one program
     u = jnp.ones(3, jnp.float32)
+    want_hessian, want_jvp, want_gg = jax.jit(
+        lambda t: (
+            jax.hessian(dense_loss)(t),
+            jax.jvp(jax.grad(dense_loss), (t,), (u,))[1],
+            jax.grad(lambda t: jnp.sum(jax.grad(dense_loss)(t) ** 2))(t),
+        )
+    )(theta)
+    assert_allclose(jax.hessian(loss)(theta), want_hessian, dtype=np.float32)
     got = jax.jvp(jax.grad(loss), (theta,), (u,))[1]
-    want = jax.jit(lambda t: jax.jvp(jax.grad(dense_loss), (t,), (u,))[1])(theta)
-    assert_allclose(got, want, dtype=np.float32)
+    assert_allclose(got, want_jvp, dtype=np.float32)
     got = jax.grad(lambda t: jnp.sum(jax.grad(loss)(t) ** 2))(theta)
-    want = jax.jit(jax.grad(lambda t: jnp.sum(jax.grad(dense_loss)(t) ** 2)))(theta)
-    assert_allclose(got, want, dtype=np.float32, scale=float(jnp.max(jnp.abs(want))))
+    assert_allclose(got, want_gg, dtype=np.float32, scale=float(jnp.max(jnp.abs(want_gg))))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,22 +355,30 @@ def test_prod_hessian_reproduction():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["sizes", "sorted_ids", "unsorted_ids"])
-@pytest.mark.parametrize("order", list(ORDERS))
-def test_prod_second_derivatives_against_jnp_float64(rng, form, order):
-    """Every second-order composition, segments with 0-3 zeros, under jit, in float64."""
+def test_prod_second_derivatives_against_jnp_float64(rng, form):
+    """Every second-order composition, segments with 0-3 zeros, under jit, in float64 (the
+    compositions of a form in one program: one compilation)."""
     with jax.enable_x64(True):
         x = np.concatenate([np.asarray(s, np.float64) for s in PROD_SEGMENTS])
         ours, x, ids = _prod_call(form, x, rng)
         x = jnp.asarray(x)
         w = jnp.asarray(PROD_WEIGHTS, jnp.float64)
-        got, want = jax.jit(  # one program: one compilation
-            lambda x: (
-                ORDERS[order](lambda v: jnp.sum(ours(v) * w))(x),
-                ORDERS[order](lambda v: _dense_prod(v, ids, w))(x),
-            )
+        outs = jax.jit(
+            lambda x: {
+                order: (
+                    compose(lambda v: jnp.sum(ours(v) * w))(x),
+                    compose(lambda v: _dense_prod(v, ids, w))(x),
+                )
+                for order, compose in ORDERS.items()
+            }
         )(x)
-        assert_allclose(got, want, dtype=np.float64, err_msg=order)
-        assert np.count_nonzero(np.asarray(want)) > 20  # the zeros' entries are there
+
+        def check(order):
+            got, want = outs[order]
+            assert_allclose(got, want, dtype=np.float64, err_msg=order)
+            assert np.count_nonzero(np.asarray(want)) > 20  # the zeros' entries are there
+
+        check_each(ORDERS, check, prefix=f"{form} ")
 
 
 @pytest.mark.slow
@@ -354,10 +399,16 @@ def test_prod_hessian_under_vmap_float64():
         def ours(v):
             return jnp.sum(foldax.segment_prod(v, jnp.asarray(ids), 2, chunk_size=2) * w)
 
-        want = jax.jit(jax.vmap(jax.hessian(lambda v: _dense_prod(v, ids, w))))(xs)
-        assert_allclose(jax.jit(jax.vmap(jax.hessian(ours)))(xs), want, dtype=np.float64)
-        total = jax.hessian(lambda xs: jnp.sum(jax.vmap(ours)(xs)))(xs)
-        got = jnp.stack([total[b, :, b, :] for b in range(xs.shape[0])])
+        def every(xs):  # one program: one compilation
+            want = jax.vmap(jax.hessian(lambda v: _dense_prod(v, ids, w)))(xs)
+            inside = jax.vmap(jax.hessian(ours))(xs)
+            total = jax.hessian(lambda xs: jnp.sum(jax.vmap(ours)(xs)))(xs)
+            return want, inside, total
+
+        want, inside, total = jax.jit(every)(xs)
+        assert_allclose(inside, want, dtype=np.float64)
+        total = np.asarray(total)
+        got = np.stack([total[b, :, b, :] for b in range(xs.shape[0])])
         assert_allclose(got, want, dtype=np.float64)
 
 

@@ -4,6 +4,8 @@ function, the argument and the fix."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -342,21 +344,27 @@ def test_fn_with_a_closed_over_key_and_per_row_keys(rng):
     x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
     idx = jnp.arange(20)
     key = jax.random.key(3)
-    want = _dropout(key, x, idx, False)
+    keys = jax.random.split(key, 4)  # a batch of keys: dropout per example
+
+    @functools.partial(jax.jit, static_argnums=4)  # one program per side (not op by op)
+    def every(key_arg, keys, x, idx, fold):
+        return (
+            _dropout(key_arg, x, idx, fold),
+            jax.grad(lambda x: _dropout(key, x, idx, fold).sum())(x),  # key closed over
+            jax.vmap(_dropout, (0, None, None, None))(keys, x, idx, fold),
+        )
+
+    want, want_grad, want_batched = every(key, keys, x, idx, False)
     assert_allclose(_dropout(key, x, idx, True), want, dtype=np.float32)
-    assert_allclose(jax.jit(_dropout, static_argnums=3)(key, x, idx, True), want, dtype=np.float32)
+    got, g, got_batched = every(key, keys, x, idx, True)
+    assert_allclose(got, want, dtype=np.float32)
     # the default plan (no chunk_size) sizes its steps from the key's bytes too
     plain = foldax.segment_sum(x, sizes=[10, 10], fn=lambda r: r * jax.random.uniform(key, ()))
     assert_allclose(
         plain, jax.random.uniform(key, ()) * x.reshape(2, 10, 3).sum(1), dtype=np.float32
     )
-    g = jax.jit(jax.grad(lambda x: _dropout(key, x, idx, True).sum()))(x)
-    want = jax.jit(jax.grad(lambda x: _dropout(key, x, idx, False).sum()))(x)
-    assert_allclose(g, want, dtype=np.float32)
-    keys = jax.random.split(key, 4)  # a batch of keys: dropout per example
-    batched = jax.jit(jax.vmap(_dropout, (0, None, None, None)), static_argnums=3)
-    got, want = batched(keys, x, idx, True), batched(keys, x, idx, False)
-    assert_allclose(got, want, dtype=np.float32)
+    assert_allclose(g, want_grad, dtype=np.float32)
+    assert_allclose(got_batched, want_batched, dtype=np.float32)
 
 
 @pytest.mark.slow
@@ -364,9 +372,8 @@ def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
     x = jnp.asarray(rng.standard_normal((20, 3)).astype(np.float32))
     keys = jax.random.split(jax.random.key(0), 20)
     fn = lambda rk: rk[0] + jax.vmap(lambda k: jax.random.normal(k, (3,)))(rk[1])  # noqa: E731
-    got = jax.jit(lambda x, keys: foldax.segment_max((x, keys), sizes=[10, 10], fn=fn))(x, keys)
-    want = jax.jit(lambda x, keys: fn((x, keys)).reshape(2, 10, 3).max(1))(x, keys)
-    assert_allclose(got, want, dtype=np.float32)
+    got_max = lambda x, keys: foldax.segment_max((x, keys), sizes=[10, 10], fn=fn)  # noqa: E731
+    want_max = lambda x, keys: fn((x, keys)).reshape(2, 10, 3).max(1)  # noqa: E731
 
     key, y = jax.random.key(1), x[:7]
 
@@ -382,9 +389,14 @@ def test_keys_as_rows_of_data_and_per_pair_keys_in_a_kernel(rng):
         xs, ys = (x, jnp.arange(20)), (y, jnp.arange(7))
         return foldax.pairwise_reduce(kern, xs, ys, reduction="logsumexp")
 
-    assert_allclose(jax.jit(fold)(x), jax.jit(dense)(x), dtype=np.float32)
-    g = jax.jit(jax.grad(lambda x: fold(x).sum()))(x)
-    assert_allclose(g, jax.jit(jax.grad(lambda x: dense(x).sum()))(x), dtype=np.float32)
+    def every(seg, pair):  # one program per side: one compilation
+        return jax.jit(
+            lambda x, keys: (seg(x, keys), pair(x), jax.grad(lambda x: pair(x).sum())(x))
+        )(x, keys)
+
+    got, want = every(got_max, fold), every(want_max, dense)
+    for a, b, what in zip(got, want, ("segment_max", "logsumexp", "gradient"), strict=True):
+        assert_allclose(a, b, dtype=np.float32, err_msg=what)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -507,8 +519,11 @@ def test_nan_shows_through_attention_and_weighted_logsumexp(rng):
     jax.nn.logsumexp."""
     q, k, v = (jnp.asarray(rng.standard_normal((1, 20, 2, 8)), jnp.float32) for _ in range(3))
     k = k.at[0, 5, 0, 0].set(jnp.nan)  # head 0: queries 5.. attend to it causally
-    for causal in (False, True):
-        want = np.asarray(jax.nn.dot_product_attention(q, k, v, is_causal=causal))
+    jax_nn = jax.jit(  # the references: one program, not op by op
+        lambda q, k, v: [jax.nn.dot_product_attention(q, k, v, is_causal=c) for c in (False, True)]
+    )(q, k, v)
+    for causal, want in zip((False, True), jax_nn, strict=True):
+        want = np.asarray(want)
         got = np.asarray(foldax.dot_product_attention(q, k, v, is_causal=causal, block_size=8))
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         assert np.isnan(want).any()
@@ -517,13 +532,16 @@ def test_nan_shows_through_attention_and_weighted_logsumexp(rng):
     assert np.isnan(np.asarray(grad)[0, 5:, 0]).all()
     x, y = (jnp.asarray(rng.standard_normal((n, 2)), jnp.float32) for n in (6, 9))
     logits = np.asarray(x @ y.T)
+    weighted = jax.jit(
+        lambda w: jax.nn.logsumexp(logits, b=jnp.broadcast_to(w, logits.shape), axis=1)
+    )
     for w in (rng.random(9), [0.5] * 3 + [np.nan] + [0.5] * 5, [0.5] * 8 + [-0.1], [-1.0] * 9):
         w = jnp.asarray(w, jnp.float32)
         got = foldax.pairwise_reduce(
             lambda a, b: (a @ b[:2], b[2]), x, jnp.concatenate([y, w[:, None]], 1),
             reduction="logsumexp",
         )  # fmt: skip
-        want = jax.nn.logsumexp(logits, b=np.broadcast_to(np.asarray(w), logits.shape), axis=1)
+        want = weighted(w)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         assert_allclose(jnp.nan_to_num(got), jnp.nan_to_num(want), dtype=jnp.float32)
     sm = foldax.pairwise_reduce(

@@ -259,10 +259,10 @@ def test_all_ids_out_of_range(rng):
         (np.array([3, 3, 4, 5, 6, 7]), "jit_sorted_ids"),
         (np.array([5, -1, 3, 4, -2, 9]), "jit_unsorted_ids"),
     ]
-    for ids, form in cases:
-        outs = jit_each(ALL, lambda n, x, ids=ids, form=form: apply(n, x, ids, 3, form))(
-            jnp.asarray(x)
-        )
+    every = jax.jit(  # one program for the three cases
+        lambda x: [{n: apply(n, x, ids, 3, form) for n in ALL} for ids, form in cases]
+    )
+    for (ids, form), outs in zip(cases, every(jnp.asarray(x)), strict=True):
         expect_each(outs, x, ids, 3, err_msg=f"ids={ids} {form}")
 
 
@@ -297,14 +297,26 @@ def test_segment_arg_extremum_at_the_ends(rng, dtype):
         ends = {"argmin": np.inf, "argmax": -np.inf}
     else:
         ends = {"argmin": np.iinfo(dtype).max, "argmax": np.iinfo(dtype).min}
-    for r, fn in (("argmin", foldax.segment_argmin), ("argmax", foldax.segment_argmax)):
-        data = jnp.full((n,), ends[r], dtype)
-        got = fn(data, jnp.asarray(ids), num_segments=s, indices_are_sorted=True)
-        np.testing.assert_array_equal(np.asarray(got), first, err_msg=r)
-        got = fn(data, jnp.asarray(ids), num_segments=s, chunk_size=16)
-        np.testing.assert_array_equal(np.asarray(got), first, err_msg=r)
-        got = fn(data, jnp.asarray(ids[perm]), num_segments=s)
-        np.testing.assert_array_equal(np.asarray(got), first_perm, err_msg=r)
+    fns = {"argmin": foldax.segment_argmin, "argmax": foldax.segment_argmax}
+
+    # One program for the six calls. Each is what the eager call ran (one cached jax.jit with
+    # the ids as its input): sorted ids are told so, also where the eager call read it.
+    @jax.jit
+    def calls(ids, ids_perm):
+        out = {}
+        for r, fn in fns.items():
+            data = jnp.full((n,), ends[r], dtype)
+            out[r] = (
+                fn(data, ids, num_segments=s, indices_are_sorted=True),
+                fn(data, ids, num_segments=s, chunk_size=16, indices_are_sorted=True),
+                fn(data, ids_perm, num_segments=s),
+            )
+        return out
+
+    outs = calls(jnp.asarray(ids), jnp.asarray(ids[perm]))
+    for r in fns:
+        for got, want in zip(outs[r], (first, first, first_perm), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=r)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,24 +326,63 @@ def test_segment_arg_extremum_at_the_ends(rng, dtype):
 VAR_FORMS = ("sizes", "sorted_ids", "unsorted_ids", "jit_sizes")
 
 
-def _var(name, x, sizes, form, chunk_size, ddof, rng):
-    """``segment_<name>`` of ``x`` (float32 ``(N, ...)``, in segment order) as ``form``; the
-    result, the per-segment float64 NumPy reference (NaN where ``n <= ddof``) and the ids."""
-    f = getattr(foldax, f"segment_{name}")
+def _var_group(x, sizes, cases, rng):
+    """The inputs of ``segment_<name>`` of ``x`` (float32 ``(N, ...)``, in segment order) for
+    every ``(name, form, chunk_size, ddof)`` of ``cases``, run by :func:`_var_run`.
+
+    The forms are those an eager call runs (an eager call is one cached ``jax.jit`` with the
+    ids as its input, told ``indices_are_sorted`` as below): ``sizes`` static, ``jit_sizes``
+    traced, ``sorted_ids`` with ``indices_are_sorted=True``, ``unsorted_ids`` of rows permuted
+    (one fresh permutation per case, drawn in order): the scatter merges one-row tiles into
+    repeated slots."""
+    x = np.asarray(x)
     ids = np.repeat(np.arange(len(sizes)), sizes).astype(np.int32)
-    kw = dict(ddof=ddof, chunk_size=chunk_size)
-    xx = jnp.asarray(x)
-    if form == "sizes":
-        got = f(xx, sizes=list(sizes), **kw)
-    elif form == "jit_sizes":
-        got = jax.jit(lambda v, s: f(v, sizes=s, **kw))(xx, jnp.asarray(sizes, jnp.int32))
-    elif form == "sorted_ids":
-        got = f(xx, jnp.asarray(ids), len(sizes), indices_are_sorted=True, **kw)
-    else:  # unsorted ids: the scatter merges one-row tiles into repeated slots
-        perm = rng.permutation(len(ids))
-        got = f(xx[perm], jnp.asarray(ids[perm]), len(sizes), **kw)
-    want = reference(name, x, ids, len(sizes), ddof=ddof)
-    return np.asarray(got), want, ids
+    inputs = []
+    for _, form, _, _ in cases:
+        if form == "unsorted_ids":
+            perm = rng.permutation(len(ids))
+            inputs.append((x[perm], ids[perm]))
+        else:
+            inputs.append((x, ids))
+    return x, [int(n) for n in sizes], ids, cases, inputs
+
+
+def _var_run(*groups):
+    """The cases of every group (:func:`_var_group`) in one compiled program (compiling is
+    what the time goes to); per group, per case ``(result, per-segment float64 NumPy reference
+    (NaN where n <= ddof), ids)``."""
+
+    def one(name, form, chunk_size, ddof, v, i, sizes, tsizes):
+        f = getattr(foldax, f"segment_{name}")
+        kw = dict(ddof=ddof, chunk_size=chunk_size)
+        if form == "sizes":
+            return f(v, sizes=sizes, **kw)
+        if form == "jit_sizes":
+            return f(v, sizes=tsizes, **kw)
+        if form == "sorted_ids":
+            return f(v, i, len(sizes), indices_are_sorted=True, **kw)
+        assert form == "unsorted_ids", form
+        return f(v, i, len(sizes), **kw)
+
+    def run(inputs, tsizes):
+        return [
+            [one(*case, v, i, g[1], t) for case, (v, i) in zip(g[3], inp, strict=True)]
+            for g, inp, t in zip(groups, inputs, tsizes, strict=True)
+        ]
+
+    got = jax.jit(run)([g[4] for g in groups], [np.asarray(g[1], np.int32) for g in groups])
+    return [
+        [
+            (np.asarray(r), reference(name, x, ids, len(sizes), ddof=ddof), ids)
+            for r, (name, _, _, ddof) in zip(rs, cases, strict=True)
+        ]
+        for rs, (x, sizes, ids, cases, _) in zip(got, groups, strict=True)
+    ]
+
+
+def _var_many(x, sizes, cases, rng):
+    """:func:`_var_run` of one group."""
+    return _var_run(_var_group(x, sizes, cases, rng))[0]
 
 
 def _check_segments(name, got, want, x, ids, err_msg):
@@ -374,18 +425,24 @@ def _huge_data(rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["var", "std"])
-@pytest.mark.parametrize("ddof", [0, 1])
 @pytest.mark.parametrize("form", VAR_FORMS)
-def test_var_huge_values_against_float64(rng, name, ddof, form):
+def test_var_huge_values_against_float64(rng, form):
+    """Every name, ddof and chunk size of ``form`` in one compiled program."""
     x, sizes = _huge_data(rng)
-    for chunk_size in (None, 2, 3):
-        got, want, ids = _var(name, x, sizes, form, chunk_size, ddof, rng)
-        _check_segments(name, got, want, x, ids, f"{form} chunk_size={chunk_size}")
+    cases = [
+        (name, form, chunk_size, ddof)
+        for name in ("var", "std")
+        for ddof in (0, 1)
+        for chunk_size in (None, 2, 3)
+    ]
+    results = _var_many(x, sizes, cases, rng)
+    for (name, _, chunk_size, ddof), (got, want, ids) in zip(cases, results, strict=True):
+        case = f"{name} ddof={ddof} {form} chunk_size={chunk_size}"
+        _check_segments(name, got, want, x, ids, case)
         # equal values whose means are exact (a sum of 2, or of 4 in one tile, or one-row or
         # two-row tiles; else within rounding): exactly 0
-        assert got[4] == 0 and (chunk_size == 3 or got[1] == 0), (got, chunk_size)
-        assert ddof == 1 or got[0] == 0
+        assert got[4] == 0 and (chunk_size == 3 or got[1] == 0), (case, got)
+        assert ddof == 1 or got[0] == 0, (case, got)
 
 
 @pytest.mark.slow
@@ -400,21 +457,26 @@ def test_var_overflowing_variance_is_inf_never_nan(rng, name):
     x = np.concatenate([np.asarray(s, np.float32) for s in segments])
     x = np.stack([x, -x[::-1]], axis=1)  # a feature axis: the other column reversed, negated
     sizes = [len(s) for s in segments]
-    for form in ("sizes", "unsorted_ids", "jit_sizes"):
-        for chunk_size in (None, 1):
-            for ddof in (0, 1):
-                got, _, _ = _var(name, x, sizes, form, chunk_size, ddof, rng)
-                np.testing.assert_array_equal(got, np.inf, err_msg=f"{form} {chunk_size}")
+    cases = [
+        (name, form, chunk_size, ddof)
+        for form in ("sizes", "unsorted_ids", "jit_sizes")
+        for chunk_size in (None, 1)
+        for ddof in (0, 1)
+    ]
+    overflowing = _var_group(x, sizes, cases, rng)
     # random magnitudes up to the float32 max, both signs: never NaN
     mags = 10.0 ** rng.uniform(15, 38.5, size=200)
     x = (rng.choice([-1.0, 1.0], size=200) * np.minimum(mags, 3.4e38)).astype(np.float32)
     sizes = list(rng.multinomial(200 - 12, np.ones(12) / 12) + 1)
-    for form in ("sizes", "unsorted_ids"):
-        for chunk_size in (None, 3):
-            got, want, _ = _var(name, x, sizes, form, chunk_size, 0, rng)
-            assert not np.any(np.isnan(got)), (form, chunk_size, got)
-            big = want > (3.5e38 if name == "var" else 1.9e19)
-            assert np.all(np.isinf(got[big])), (form, chunk_size, got, want)
+    spread_cases = [(name, form, c, 0) for form in ("sizes", "unsorted_ids") for c in (None, 3)]
+    spread = _var_group(x, sizes, spread_cases, rng)
+    results, spread_results = _var_run(overflowing, spread)  # both in one program
+    for (_, form, chunk_size, _), (got, _, _) in zip(cases, results, strict=True):
+        np.testing.assert_array_equal(got, np.inf, err_msg=f"{form} {chunk_size}")
+    for (_, form, chunk_size, _), (got, want, _) in zip(spread_cases, spread_results, strict=True):
+        assert not np.any(np.isnan(got)), (form, chunk_size, got)
+        big = want > (3.5e38 if name == "var" else 1.9e19)
+        assert np.all(np.isinf(got[big])), (form, chunk_size, got, want)
 
 
 @pytest.mark.slow
@@ -425,11 +487,16 @@ def test_var_equal_huge_values_across_tiles_and_duplicates(rng):
     sizes = [1, 2, 3, 5, 0, 16]
     c = np.array([3e19, 1e30, -1e30, 3.4e38, -3.4e38], np.float32)  # a feature axis
     x = np.broadcast_to(c, (sum(sizes), len(c)))
-    for form in VAR_FORMS:
-        for chunk_size in (1, 2):
-            for name in ("var", "std"):
-                got, want, _ = _var(name, x, sizes, form, chunk_size, 0, rng)
-                np.testing.assert_array_equal(got, want, err_msg=f"{name} {form} {chunk_size}")
+    cases = [
+        (name, form, chunk_size, 0)
+        for form in VAR_FORMS
+        for chunk_size in (1, 2)
+        for name in ("var", "std")
+    ]
+    for (name, form, chunk_size, _), (got, want, _) in zip(
+        cases, _var_many(x, sizes, cases, rng), strict=True
+    ):
+        np.testing.assert_array_equal(got, want, err_msg=f"{name} {form} {chunk_size}")
 
 
 @pytest.mark.slow
@@ -439,12 +506,22 @@ def test_var_nonfinite_values_give_nan():
     sizes = [2, 2, 2, 2, 2]
     ids = jnp.asarray(np.repeat(np.arange(5), 2), jnp.int32)
     want = [np.nan] * 4 + [0.25]
-    for chunk_size in (None, 1, 2, 3):
-        got = foldax.segment_var(x, sizes=sizes, chunk_size=chunk_size)
-        assert_allclose(got, want, dtype=np.float32, err_msg=str(chunk_size))
-        perm = jnp.asarray([9, 3, 0, 5, 7, 1, 4, 8, 2, 6])
-        got = foldax.segment_std(x[perm], ids[perm], 5, chunk_size=chunk_size)
-        assert_allclose(got, np.sqrt(want), dtype=np.float32, err_msg=str(chunk_size))
+    chunks = (None, 1, 2, 3)
+    perm = jnp.asarray([9, 3, 0, 5, 7, 1, 4, 8, 2, 6])
+
+    @jax.jit  # one program for every call (unsorted ids: as the eager call ran them)
+    def calls(x, x_perm, ids_perm):
+        return [
+            (
+                foldax.segment_var(x, sizes=sizes, chunk_size=chunk_size),
+                foldax.segment_std(x_perm, ids_perm, 5, chunk_size=chunk_size),
+            )
+            for chunk_size in chunks
+        ]
+
+    for chunk_size, (var, std) in zip(chunks, calls(x, x[perm], ids[perm]), strict=True):
+        assert_allclose(var, want, dtype=np.float32, err_msg=str(chunk_size))
+        assert_allclose(std, np.sqrt(want), dtype=np.float32, err_msg=str(chunk_size))
 
 
 @pytest.mark.slow
@@ -466,25 +543,35 @@ def test_var_half_precision_near_the_top_of_the_range(rng, dtype):
     sizes = [len(s) for s in segments]
     ids = np.repeat(np.arange(len(sizes)), sizes)
     equal = np.array([0, 3])  # exact (0) for steps of two rows, else within rounding
-    for chunk_size in (None, 2):
-        for name in ("var", "std"):
+    cases = [
+        (chunk_size, name, ddof, rng.permutation(len(ids)))
+        for chunk_size in (None, 2)
+        for name in ("var", "std")
+        for ddof in (0, 1)
+    ]
+
+    @jax.jit  # one program for every call (unsorted ids: as the eager call ran them)
+    def calls(x, ids):
+        outs = []
+        for chunk_size, name, ddof, perm in cases:
             f = getattr(foldax, f"segment_{name}")
-            for ddof in (0, 1):
-                kw = dict(chunk_size=chunk_size, ddof=ddof)
-                got = f(jnp.asarray(x), sizes=sizes, **kw)
-                perm = rng.permutation(len(ids))
-                got_ids = f(jnp.asarray(x)[perm], jnp.asarray(ids[perm]), len(sizes), **kw)
-                assert got.dtype == dtype and got_ids.dtype == dtype
-                want = reference(name, xf, ids, len(sizes), ddof=ddof)
-                with np.errstate(over="ignore"):
-                    want = want.astype(dtype)  # inf past the dtype's range
-                msg = f"{name} ddof={ddof} chunk_size={chunk_size}"
-                for g in (got, got_ids):
-                    g = np.asarray(g, np.float64)
-                    assert_allclose(g[1:3], want[1:3], dtype=dtype, err_msg=msg)
-                    scale = top**2 if name == "var" else top
-                    assert_allclose(g[equal], want[equal], dtype=dtype, scale=scale, err_msg=msg)
-                    assert chunk_size != 2 or np.all(g[equal] == 0), msg
+            kw = dict(chunk_size=chunk_size, ddof=ddof)
+            outs.append((f(x, sizes=sizes, **kw), f(x[perm], ids[perm], len(sizes), **kw)))
+        return outs
+
+    outs = calls(jnp.asarray(x), jnp.asarray(ids, jnp.int32))
+    for (chunk_size, name, ddof, _), (got, got_ids) in zip(cases, outs, strict=True):
+        assert got.dtype == dtype and got_ids.dtype == dtype
+        want = reference(name, xf, ids, len(sizes), ddof=ddof)
+        with np.errstate(over="ignore"):
+            want = want.astype(dtype)  # inf past the dtype's range
+        msg = f"{name} ddof={ddof} chunk_size={chunk_size}"
+        for g in (got, got_ids):
+            g = np.asarray(g, np.float64)
+            assert_allclose(g[1:3], want[1:3], dtype=dtype, err_msg=msg)
+            scale = top**2 if name == "var" else top
+            assert_allclose(g[equal], want[equal], dtype=dtype, scale=scale, err_msg=msg)
+            assert chunk_size != 2 or np.all(g[equal] == 0), msg
     if dtype == jnp.float16:
         with np.errstate(over="ignore"):
             assert np.isinf(np.var(np.array([top, top * 0.9], np.float16)))

@@ -7,6 +7,8 @@ The transformations' values are in test_vmap.py, test_jvp.py, test_grad.py and t
 memory under a large outer vmap in test_vmap.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,26 +48,45 @@ _JITTED_DERIVATIVES = {
 }
 
 
+_PLAIN_SIZES = [3, 0, 5, 1, 4]
+_PLAIN_IDS = np.repeat(np.arange(len(_PLAIN_SIZES)), _PLAIN_SIZES).astype(np.int32)
+
+
+def _plain_loss(out, keep, w):
+    return jnp.sum(jnp.where(keep, out, 0.0) * w) + jnp.sum(jnp.where(keep, out, 0.0) ** 2)
+
+
+@functools.partial(jax.jit, static_argnames="name")
+def _plain_dense_derivatives(name, x, keep, w):
+    """The dense reference's gradient (what grad, jacfwd of the scalar loss give) and Hessian,
+    in one program per name, whichever composition the test checks."""
+
+    def dense_loss(x):
+        return _plain_loss(dense(name, x, _PLAIN_IDS, len(_PLAIN_SIZES)), keep, w)
+
+    return {"gradient": jax.grad(dense_loss)(x), "hessian": jax.hessian(dense_loss)(x)}
+
+
 @pytest.mark.parametrize("how", list(_JITTED_DERIVATIVES))
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "max", "min", "sum", "logsumexp"])
 def test_derivatives_of_jitted_plain_data(rng, name, how):
     """jax.grad / jacfwd / hessian of a jitted call and jit of a gradient, with ids passed in
     (traced), closed over and as static sizes, against the dense reference."""
-    sizes = [3, 0, 5, 1, 4]
-    ids = np.repeat(np.arange(len(sizes)), sizes).astype(np.int32)
+    sizes, ids = _PLAIN_SIZES, _PLAIN_IDS
     x = jnp.asarray(rng.standard_normal(ids.size))  # continuous: no ties
     w = jnp.asarray(rng.standard_normal(ids.size if name in ("softmax", "log_softmax") else 5))
     keep = np.isfinite(np.asarray(op(name)(x, sizes=sizes)))
 
     def loss(out):
-        return jnp.sum(jnp.where(keep, out, 0.0) * w) + jnp.sum(jnp.where(keep, out, 0.0) ** 2)
+        return _plain_loss(out, keep, w)
 
     calls = {
         "traced ids": lambda x, i: loss(op(name)(x, i, len(sizes))),
         "closed-over ids": lambda x, i: loss(op(name)(x, jnp.asarray(ids), len(sizes))),
         "sizes": lambda x, i: loss(op(name)(x, sizes=sizes)),
     }
-    want = _JITTED_DERIVATIVES[how](lambda x: loss(dense(name, x, ids, len(sizes))))(x)
+    dense_derivatives = _plain_dense_derivatives(name, x, keep, w)
+    want = dense_derivatives["hessian" if how.startswith("hessian") else "gradient"]
     for form, f in calls.items():
         got = _JITTED_DERIVATIVES[how](lambda x, f=f: f(x, jnp.asarray(ids)))(x)
         assert_allclose(got, want, dtype=np.float32, err_msg=f"{name}, {how}, {form}")

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from .. import _shard
 from .._jax import Zero
-from . import _direct, _registration, _runs
+from . import _direct, _picks, _registration, _runs
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
 from ._loop import _run, _typed_out_avals
 from ._probe import plan_units, unit_bytes, whole_rows
@@ -87,7 +87,10 @@ class _Rules(Primitive):
     def jvp(self, primals, tangents):
         fold = self.for_derivatives()
         outs = fold(*primals)
-        t = fold._tangents(primals, outs, tangents)
+        if _picks.applies(fold):  # at the pairs the fold picks (max, min, k-min)
+            t = _picks.rule(fold, primals, outs, tangents)
+        else:
+            t = fold._tangents(primals, outs, tangents)
         if fold is self:
             return outs, t
         return self._own(outs), self._own(t)

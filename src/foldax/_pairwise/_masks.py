@@ -26,8 +26,10 @@ from ._intervals import block_test
 @dataclasses.dataclass(frozen=True, eq=False)
 class Masking:
     """The pairs that take part. ``closed``: the user's traced mask (or ``None``), reading
-    ``consts[:n_mask]``; ``ids``: whether ``consts`` end with the segment ids of ``x`` and of
-    ``y``; ``live`` / ``bounded``: the mask's block test (:func:`._intervals.block_test`)."""
+    ``consts[:n_mask]``; ``ids``: whether ``consts`` continue with the segment ids of ``x``
+    and of ``y``; ``live`` / ``bounded``: the mask's block test
+    (:func:`._intervals.block_test`); ``rows``: whether ``consts`` end with a boolean per row
+    of ``x``, the rows that take part (:func:`only_rows`)."""
 
     closed: _closure.Closed | None
     consts: tuple
@@ -35,6 +37,7 @@ class Masking:
     ids: bool
     live: object = None
     bounded: bool = True
+    rows: bool = False
 
     def pair_mask(self, start):
         """The engine's ``pair_mask(consts, i, j)``, reading this masking's arrays from the
@@ -47,8 +50,10 @@ class Masking:
                 mask = lambda a, b: self.closed(own[: self.n_mask], a, b)  # noqa: E731
                 keep = jnp.vectorize(mask)(i, j)
             if self.ids:
-                ids_x, ids_y = own[self.n_mask :]
+                ids_x, ids_y = own[self.n_mask : self.n_mask + 2]
                 keep = keep & (ids_x[i] == ids_y[j])
+            if self.rows:
+                keep = keep & own[-1][i]
             return keep
 
         return pair_mask
@@ -56,7 +61,7 @@ class Masking:
     def block_live(self, start):
         """The engine's ``block_live(consts, i0, j0, bi, bj)``, or ``None`` where only the pairs
         themselves can tell (a mask the analysis cannot bound, and no segment ids)."""
-        if not self.ids and not self.bounded:
+        if not self.ids and not self.rows and not self.bounded:
             return None
 
         def block_live(consts, i0, j0, bi, bj):
@@ -65,10 +70,24 @@ class Masking:
             if self.closed is not None:
                 live = self.live(own[: self.n_mask], i0, i0 + bi - 1, j0, j0 + bj - 1)
             if self.ids:
-                live = live & _ids_overlap(*own[self.n_mask :], i0, j0, bi, bj)
+                ids = own[self.n_mask : self.n_mask + 2]
+                live = live & _ids_overlap(*ids, i0, j0, bi, bj)
+            if self.rows:
+                live = live & jnp.any(jax.lax.dynamic_slice_in_dim(own[-1], i0, bi))
             return live
 
         return block_live
+
+
+def only_rows(masking, rows):
+    """``masking`` (or every pair, for ``None``) restricted to the rows of ``x`` where ``rows``
+    (bool ``(M,)``) holds: a block of rows with none of them is skipped."""
+    if masking is None:
+        return Masking(None, (rows,), 0, False, rows=True)
+    if masking.rows:
+        keep = masking.consts[-1] & rows
+        return dataclasses.replace(masking, consts=(*masking.consts[:-1], keep))
+    return dataclasses.replace(masking, consts=(*masking.consts, rows), rows=True)
 
 
 def _ids_overlap(ids_x, ids_y, i0, j0, bi, bj):

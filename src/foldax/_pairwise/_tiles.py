@@ -3,6 +3,7 @@ rows, the kernel's values of a block pair its tile; and what no rows give."""
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import jax
@@ -10,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks, _engine, _shard
-from .._reductions import SoftmaxSum
+from .._reductions import SUM, SoftmaxSum, SumOfProducts
+from . import _distances, _factor
 from ._kernel import _has_dot, _row_avals
 
 
@@ -73,14 +75,28 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw
     xi = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), x)
     yj = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), y)
     replay, consts = _shard.replayable(kernel, xi, yj)
-    tile, monoid, cols = _tile_fn(lambda a, b, *c: replay(c)(a, b), tuple(consts), xi, yj, monoid)
+    conv = lambda a, b, *c: replay(c)(a, b)  # noqa: E731
+    fold_of = lambda kernel: functools.partial(_fold, name, xi, yj, block, axes, ring, kernel)  # noqa: E731
+    run = fold_of(conv)
+    if not axes and not ring:  # min-family reductions of squared distances in high dimension
+        run = _distances.nearest(conv, tuple(consts), xi, yj, monoid, fold_of) or run
+    outs, monoid = run(monoid, tuple(consts), x, y, mask)
+    return tuple(outs) if raw else monoid.result(outs)
+
+
+def _fold(name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, rows_first=False):
+    """``(outputs, monoid)``: the engine fold of ``conv(x[i], y[j], *consts)`` (the monoid
+    :func:`_tile_fn` reduces with, which may be ``monoid``'s shared form); ``rows_first``:
+    never walk ``y`` transposed (no copy of it)."""
+    m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
+    tile, monoid, cols = _tile_fn(conv, consts, xi, yj, monoid, rows_first, mask is not None)
     x_leaves, x_tree = jax.tree.flatten(x)
     y_leaves, y_tree = jax.tree.flatten(y)
     nk = len(consts)
     pair_mask = block_live = None
     if mask is not None:  # the arrays the mask reads follow the kernel's
         pair_mask, block_live = mask.pair_mask(nk), mask.block_live(nk)
-        consts = [*consts, *mask.consts]
+        consts = (*consts, *mask.consts)
 
     def body(consts, slots, rows, mask, index):
         xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
@@ -101,10 +117,10 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw
     # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
     rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves
     outs, _, _ = _engine.fold(spec, (), tuple(consts), x_leaves, rows)
-    return tuple(outs) if raw else monoid.result(outs)
+    return tuple(outs), monoid
 
 
-def _tile_fn(conv, consts, xi, yj, monoid):
+def _tile_fn(conv, consts, xi, yj, monoid, rows_first=False, pair_masked=False):
     """``(tile, monoid, cols)``: ``tile(consts, xb, yb)`` the kernel values ``(bi, bj, *F)`` of a
     block of ``x`` (rows first) and one of ``y`` (rows last if ``cols``, else first).
 
@@ -112,39 +128,42 @@ def _tile_fn(conv, consts, xi, yj, monoid):
     ``D`` of a distance) are outer and ``j`` is the innermost, contiguous axis of every
     intermediate: XLA vectorises along ``j`` instead of along a short ``D`` (10x faster for a 3-D
     Gaussian kernel on CPU). Kernels with a dot product (attention) use the classic double
-    ``vmap``, which JAX batches into one GEMM per tile; for ``reduction="softmax"``, values
-    independent of ``x`` (attention's ``V``) stay ``(bj, *Fv)`` so that ``P @ V`` is a GEMM
-    (the monoid is switched to its shared form).
+    ``vmap``, which JAX batches into one GEMM per tile.
+
+    A kernel that is a weight of the pair times values of ``y`` (:func:`._factor.split`: a sum
+    of ``k(a, b[0]) * b[1]``, a softmax whose values are rows of ``y``) makes the pair
+    ``(weights (bi, bj), values (bj, *F))`` instead, reduced as one matrix product per tile by
+    the monoid's shared form (:class:`~foldax._reductions.SumOfProducts`, ``SoftmaxSum(shared=
+    True)``).
     """
-    contracts = _has_dot(jax.make_jaxpr(conv)(xi, yj, *consts).jaxpr)
-    shared = False
-    if isinstance(monoid, SoftmaxSum) and contracts:
+    contracts = rows_first or _has_dot(jax.make_jaxpr(conv)(xi, yj, *consts).jaxpr)
+    parts, shared = None, None
+    if isinstance(monoid, SoftmaxSum):
+        parts, shared = _factor.split(conv, consts, xi, yj, softmax=True), SoftmaxSum(shared=True)
+    elif monoid == SUM and jax.eval_shape(conv, xi, yj, *consts).shape != ():
+        parts, shared = _factor.split(conv, consts, xi, yj), SumOfProducts(pair_masked)
+    pair = conv if parts is None else parts.weight
 
-        def shared_tile(c, xb, yb):
-            pair = lambda a, b: conv(a, b, *c)  # noqa: E731
-            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=(0, None))(xb, yb)
-
-        blk = lambda t, b: jax.tree.map(lambda a: jax.ShapeDtypeStruct((b, *a.shape), a.dtype), t)  # noqa: E731
-        try:
-            jax.eval_shape(shared_tile, consts, blk(xi, 2), blk(yj, 3))
-            shared, monoid = True, SoftmaxSum(shared=True)
-        except ValueError:
-            pass
-
-    def tile(c, xb, yb):
-        pair = lambda a, b: conv(a, b, *c)  # noqa: E731
+    def pairs(c, xb, yb):
+        fn = lambda a, b: pair(a, b, *c)  # noqa: E731
         if contracts:  # y's rows first: no transpose
-            out_axes = (0, None) if shared else 0
-            return jax.vmap(jax.vmap(pair, (None, 0)), (0, None), out_axes=out_axes)(xb, yb)
+            return jax.vmap(jax.vmap(fn, (None, 0)), (0, None))(xb, yb)
         bi, bj = jax.tree.leaves(xb)[0].shape[0], jax.tree.leaves(yb)[0].shape[-1]
         # Both operands broadcast to (bi, *f, bj), with i batched at axis 0 and j at the last
         # axis for both: JAX's batching rules keep batch axes where they are when all operands
         # agree, so every intermediate is (bi, *f, bj) and the innermost axis is j.
         xs = jax.tree.map(lambda a: jnp.broadcast_to(a[..., None], (*a.shape, bj)), xb)
         ys = jax.tree.map(lambda a: jnp.broadcast_to(a[None], (bi, *a.shape)), yb)
-        return jax.vmap(jax.vmap(pair, (-1, -1)), (0, 0))(xs, ys)
+        return jax.vmap(jax.vmap(fn, (-1, -1)), (0, 0))(xs, ys)
 
-    return tile, monoid, not contracts
+    if parts is None:
+        return pairs, monoid, not contracts
+
+    def tile(c, xb, yb):
+        values = jax.vmap(lambda b: parts.values(b, *c), 0 if contracts else -1)(yb)
+        return pairs(c, xb, yb), values
+
+    return tile, shared, not contracts
 
 
 def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=None, raw=False):

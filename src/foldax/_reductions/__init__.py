@@ -38,6 +38,7 @@ from ._kmin import KMin as KMin
 from ._logsumexp import LogSumExp as LogSumExp
 from ._logsumexp import WeightedLogSumExp as WeightedLogSumExp
 from ._prod import Prod as Prod
+from ._products import SumOfProducts as SumOfProducts
 from ._softmax import SoftmaxSum as SoftmaxSum
 from ._sum import Mean as Mean
 from ._sum import Sum as Sum

@@ -193,6 +193,19 @@ class Monoid:
             )
 
 
+def picked_elements(dv, shape):
+    """The tangents ``(S, P)`` of picked values, from the body's tangents ``dv`` ``(S, P, *F)``
+    at each pick's pair: pick ``p`` is of output element ``p % prod(F)`` (a scalar kernel's
+    picks are all of its one element). ``shape``: the outputs' ``(S, *F)``, to check."""
+    s, p = dv.shape[:2]
+    f = int(np.prod(dv.shape[2:], dtype=np.int64))
+    flat = dv.reshape(s, p, f)
+    if f == 1:
+        return flat[..., 0]
+    which = (jnp.arange(p) % f)[None, :, None]
+    return jnp.take_along_axis(flat, which, axis=2)[..., 0]
+
+
 def promote(*dtypes):
     """The dtype of a result computed from ``dtypes`` (JAX's standard lattice: float32 and
     complex64 give complex64), whatever the caller's ``jax_numpy_dtype_promotion`` setting: the

@@ -20,6 +20,7 @@ from ._base import (
     _ValuesAndIndices,
     count,
     identity,
+    picked_elements,
 )
 from ._kmin import _columns, _first_column, _hits
 
@@ -194,6 +195,27 @@ class _ExtremumAndIndex(_Extremum):
         second = carry[3].at[seg].set(other[0], mode="drop").at[seg].min(other[1], mode="drop")
         return (m, c, low, second)
 
+    # The picks (see :mod:`foldax._engine._picks`): each element's first and second index;
+    # the elements where three or more values tie are left to the streamed rules.
+
+    def picks(self, info):
+        m, c, first, second = info
+        s = m.shape[0]
+        second = jnp.where(c == 2, second, first)
+        return jnp.concatenate([first.reshape(s, -1), second.reshape(s, -1)], axis=1)
+
+    def picked_tangent(self, info, dv):
+        m, c = info[:2]
+        d = picked_elements(dv, m.shape).reshape(m.shape[0], 2, -1)
+        c = c.reshape(m.shape[0], -1)
+        zero = jnp.zeros((), d.dtype)
+        t = jnp.where(c == 1, d[:, 0], jnp.where(c == 2, (d[:, 0] + d[:, 1]) / 2, zero))
+        return (t.reshape(m.shape), None, None, None)
+
+    def streamed_rows(self, info):
+        c = info[1]
+        return jnp.any((c > 2).reshape(c.shape[0], -1), axis=1)
+
     def row_cotangent(self, v, mask, info, g, index):
         m, c, first, second = info
         cells = _expand(index if index.ndim == 2 else index[None, :], v.ndim)
@@ -335,6 +357,18 @@ class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):
         (idx,) = info
         ct = jnp.broadcast_to(g[0][:, None].astype(v.dtype), v.shape)
         return jnp.where(self._at_index(v, mask, idx, index), ct, jnp.zeros((), v.dtype))
+
+    def picks(self, info):
+        (idx,) = info
+        return idx.reshape(idx.shape[0], -1)
+
+    def picked_tangent(self, info, dv):
+        (idx,) = info
+        d = picked_elements(dv, idx.shape).reshape(idx.shape)
+        return (jnp.where(idx != NO_INDEX, d, jnp.zeros((), d.dtype)), None)
+
+    def streamed_rows(self, info):
+        return None
 
     def tangent(self, v, dv, mask, info, index):
         (idx,) = info

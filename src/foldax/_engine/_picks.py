@@ -1,0 +1,170 @@
+"""Tangents of the reductions that pick values (max, min, their arg-forms, the ``k`` smallest)
+at the pairs they pick, for dense folds.
+
+The derivative of ``max_j v_ij`` is ``dv`` at the pair that attains it. A differentiated fold
+of such a monoid keeps the indices (``Monoid.for_derivatives``), so its tangent is the body's
+``jax.jvp`` at those pairs alone: ``O(M)`` values gathered from the rows, not a second
+streamed pass over every pair. JAX transposes that gather for reverse mode and differentiates
+it again for higher orders. The rows the indices do not settle (three or more tied values:
+``Monoid.streamed_rows``) take the streamed tangent fold, restricted by a pair mask to those
+rows: its blocks of other rows are skipped.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .._jax import Zero
+from ._spec import _aval, _is_float, _is_zero, _zero_tangent
+
+#: Bytes of gathered rows evaluated at once (more rows of slots are walked in a loop).
+GATHER_BYTES = 4 << 20
+
+
+def applies(fold) -> bool:
+    """Whether ``fold`` (unbatched, in its :meth:`for_derivatives` form) takes its tangents at
+    the pairs it picks."""
+    spec = fold.spec
+    return (
+        hasattr(spec.monoid, "picks")
+        and spec.plan.kind == "dense"
+        and spec.direct is None
+        and not spec.axes
+        and not spec.ring
+    )
+
+
+def values_at(spec, consts, slots, rows, idx):
+    """The body's values ``(S, P, *F)`` of slot ``s`` with row ``idx[s, p]`` (clamped)."""
+    axis, n = spec.plan.row_axis, spec.plan.n
+    p = idx.shape[1]
+
+    def one(args):
+        slot, at = args
+        picked = tuple(jnp.take(r, jnp.minimum(at, n - 1), axis=axis) for r in rows)
+        ones = jnp.ones((1, p), jnp.bool_)
+        vals = spec.body(consts, tuple(a[None] for a in slot), picked, ones, at)[0]
+        return jax.tree.map(lambda v: v[0], vals)
+
+    width = p * sum(_aval(r).size // max(n, 1) * _aval(r).dtype.itemsize for r in rows)
+    chunk = max(1, GATHER_BYTES // max(width, 1))
+    if chunk >= idx.shape[0]:
+        return jax.vmap(one)((slots, idx))
+    return jax.lax.map(one, (slots, idx), batch_size=chunk)
+
+
+def _floats(fold, primals, outs, tangents_in):
+    """The tangents of ``fold``'s (unbatched) slot outputs at its picks, ``None`` for the
+    integer ones."""
+    arrays, consts, slots, rows = primals
+    spec, mon = fold.spec, fold.spec.monoid
+    info = fold.info(outs)
+    idx = mon.picks(info)
+    flat_p = (*consts, *slots, *rows)
+    flat_t = (*tangents_in[1], *tangents_in[2], *tangents_in[3])
+    live = [
+        k for k, (p, t) in enumerate(zip(flat_p, flat_t, strict=True))
+        if not _is_zero(t) and _is_float(_aval(p))
+    ]  # fmt: skip
+    if not live:
+        return tuple(None for _ in fold.out_aval[0])
+    nc, ns = len(consts), len(slots)
+
+    def at(*some):
+        flat = list(flat_p)
+        for k, v in zip(live, some, strict=True):
+            flat[k] = v
+        return values_at(spec, tuple(flat[:nc]), tuple(flat[nc : nc + ns]), flat[nc + ns :], idx)
+
+    _, dv = jax.jvp(at, [flat_p[k] for k in live], [flat_t[k] for k in live])
+    per_output = list(mon.picked_tangent(info, dv))
+    many = mon.streamed_rows(info)
+    if many is not None:
+        streamed = _restricted(fold, many)._tangents(
+            (arrays, (*consts, many), slots, rows),
+            outs,
+            (tangents_in[0], (*tangents_in[1], _zero_like(many)), *tangents_in[2:]),
+        )[0]
+        for o, (t, s) in enumerate(zip(per_output, streamed, strict=False)):
+            if t is not None:
+                where = many.reshape((-1,) + (1,) * (t.ndim - 1))
+                per_output[o] = jnp.where(where, s.astype(t.dtype), t)
+    return tuple(per_output)
+
+
+def rule(fold, primals, outs, tangents_in):
+    """``fold``'s output tangents (as :meth:`_Rules._tangents` gives them) at its picks;
+    ``fold`` in its :meth:`for_derivatives` form, batched or not."""
+    floats = _any_floats(fold, primals, outs, tangents_in)
+    slot = tuple(
+        t.astype(a.dtype) if t is not None and _is_float(a) else _zero_tangent(a)
+        for t, a in zip(floats, fold.out_aval[0], strict=True)
+    )
+    return (slot, (), ())
+
+
+def _any_floats(fold, primals, outs, tangents_in):
+    if hasattr(fold, "inner"):  # a batched fold
+        return _batched(fold, primals, outs, tangents_in)
+    return _floats(fold, primals, outs, tangents_in)
+
+
+def _batched(bfold, primals, outs, tangents_in):
+    """:func:`_floats` of a batched fold: its inner fold's, ``vmap`` ped (a tangent is batched
+    like its primal)."""
+    flat_t = [t for part in tangents_in for t in part]
+    zero = [_is_zero(t) for t in flat_t]
+    dims = [d for part in bfold.dims for d in part]
+    live_t = [t for t, z in zip(flat_t, zero, strict=True) if not z]
+    live_d = [d for d, z in zip(dims, zero, strict=True) if not z]
+
+    def one(primals, outs, live_t):
+        it = iter(live_t)
+        flat = [t if z else next(it) for t, z in zip(flat_t, zero, strict=True)]
+        sizes = [len(part) for part in tangents_in]
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(tuple(flat[start : start + size]))
+            start += size
+        return _any_floats(bfold.inner, primals, outs, tuple(parts))
+
+    outs_d = jax.tree.map(lambda _: 0, outs)
+    return jax.vmap(one, in_axes=(bfold.dims, outs_d, live_d), out_axes=0)(primals, outs, live_t)
+
+
+def _zero_like(a):
+    return Zero(_aval(a).to_tangent_aval())
+
+
+def _restricted(fold, rows):
+    """``fold`` (unbatched) with its pairs restricted to the slots where ``rows`` holds, an
+    extra const after the fold's own (a derived fold's tangents follow it); the blocks of
+    other slots are skipped."""
+    spec = fold.spec
+    at = len(fold.in_avals[1])
+    mask, live = spec.pair_mask, spec.block_live
+
+    def pair_mask(consts, i, j):
+        keep = consts[at][i]
+        return keep if mask is None else keep & mask(consts, i, j)
+
+    def block_live(consts, i0, j0, bi, bj):
+        some = jnp.any(jax.lax.dynamic_slice_in_dim(consts[at], i0, bi))
+        if live is not None:
+            return some & live(consts, i0, j0, bi, bj)
+        if mask is None:
+            return jnp.broadcast_to(some, j0.shape)
+        i = i0 + jnp.arange(bi, dtype=jnp.int32)  # the parent's mask on every pair: a few
+        # blocks at a time, as the engine lists them (nothing of size M * N is made)
+
+        def one(start):
+            j = start + jnp.arange(bj, dtype=jnp.int32)
+            return jnp.any(mask(consts, i[:, None], j[None, :]))
+
+        per = max(1, min(j0.shape[0], 2**20 // (bi * bj)))
+        return some & jax.lax.map(one, j0, batch_size=per)
+
+    arrays, consts, slots, rows_avals = fold.in_avals
+    avals = (arrays, (*consts, _aval(rows)), slots, rows_avals)
+    return type(fold)(spec.replace(pair_mask=pair_mask, block_live=block_live), avals)
