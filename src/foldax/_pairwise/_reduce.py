@@ -122,10 +122,23 @@ def pairwise_reduce(
       for ``"kmin"`` a pair ``(values (M, k), indices (M, k) int32)``, ascending, ties by the
       lower index, NaN last (like ``np.argsort(kind="stable")``).
 
+    Speed: a kernel that is a weight of the pair times values carried on ``y``
+    (``lambda a, b: k(a, b[0]) * b[1]`` with ``y = (points, values)``, values ``(N, R)``: a
+    kernel matrix times ``R`` vectors) or a softmax whose values are rows of ``y`` reduces each
+    tile as one matrix product, so ``R`` right-hand sides cost little more than one. A min,
+    argmin, min_argmin or kmin of ``jnp.sum((a - b) ** 2)`` over ``D >= 32`` float32 / float64
+    features finds candidates by matrix products (``|a|^2 + |b|^2 - 2 a.b``), ranks them by
+    the kernel as written and certifies that no other row of ``y`` ranks before them (rows it
+    cannot certify, e.g. near ties, are reduced again the plain way): the results are the
+    kernel's own, values and indices.
+
     Memory: ``O(bi * bj + M + N)`` temp, forward and backward. Derivatives (``jax.grad``,
     ``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) are streamed folds too: they save the inputs and
     an ``(M, ...)`` summary (e.g. the log-sum-exp) and recompute every tile; they reach ``x``,
-    ``y`` and the arrays ``kernel`` closes over.
+    ``y`` and the arrays ``kernel`` closes over. Those of max, min, min_argmin / max_argmax and
+    kmin are the kernel's at the pairs they pick, gathered (``O(M)`` kernel evaluations, no
+    second pass over the pairs); three or more tied values of a max or min split its gradient
+    evenly, recomputed for those rows only.
 
     Example:
       >>> import jax.numpy as jnp, foldax

@@ -404,7 +404,7 @@ def _add_bench(sub, fmt) -> None:
         action="append",
         metavar="NAME",
         help="run only this workload (repeatable): seed, likelihood, precomputed, graph, s4, "
-        "gaussian, nearest, attention, packed, overhead, sharded",
+        "gaussian, nearest, attention, packed, overhead, sharded, keops_users",
     )
     b.add_argument(
         "--out",

@@ -23,6 +23,7 @@ WORKLOADS = (
     "packed",
     "overhead",
     "sharded",
+    "keops_users",
 )
 README_START = "<!-- bench-results:start -->"
 README_END = "<!-- bench-results:end -->"
@@ -49,6 +50,11 @@ class Config:
     likelihood_shrink: int = 1  # divides the seed sizes of the likelihood workload
     kmin_ks: tuple = (5, 16, 32, 64, 128)  # the k of the nearest workload's k-min rows
     seed_segments: int | None = None  # the seed workload's first segments only (None: all 123)
+    keops_n: int = 20_000  # keops_users: M = N of the 3-D rows (kernel matrix, k-NN, floor)
+    keops_rs: tuple = (1, 8, 32)  # keops_users: the R of the kernel matrix times V (N, R)
+    keops_digits: tuple = (60_000, 1_000)  # keops_users: (rows, queries) of the 784-D k-NN
+    keops_chamfer: tuple = (8, 20_000, 30_000)  # keops_users: (pairs, points of x, of y)
+    keops_floor: int = 4096  # keops_users: side of the square of values of the floor's rates
 
 
 FULL = Config(
@@ -70,6 +76,10 @@ QUICK = Config(
     10,
     likelihood_shrink=10,
     kmin_ks=(5, 64),
+    keops_n=2000,
+    keops_digits=(6000, 100),
+    keops_chamfer=(8, 2000, 3000),
+    keops_floor=1024,
 )
 #: The test suite's run: every case of a quick run (the same cases, so the same steps), at the
 #: smallest sizes that still exercise each. Not a command-line option: ``--quick`` runs it when
@@ -93,6 +103,10 @@ TINY = dataclasses.replace(
     likelihood_shrink=1000,
     kmin_ks=(5, 16),
     seed_segments=16,
+    keops_n=200,
+    keops_digits=(500, 50),
+    keops_chamfer=(2, 100, 150),
+    keops_floor=64,
 )
 TINY_ENV = "FOLDAX_BENCH_TINY"
 
@@ -154,6 +168,7 @@ BASELINE = {
     "packed": "jax.nn.dot_product_attention",
     "overhead": "without foldax",
     "sharded": "1 device(s)",
+    "keops_users": "pykeops (CPU)",
 }
 
 

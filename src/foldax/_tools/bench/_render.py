@@ -31,6 +31,8 @@ TITLES = {
     "overhead": "What a call costs beside its work: eager call, jitted call and compile time",
     "sharded": "The ragged logsumexp on 8 host CPU devices (rows split over a mesh), per-device "
     "memory",
+    "keops_users": "What KeOps' users write, float32 on CPU: kernel matrix times V, k-NN, "
+    "Chamfer with its gradient, and the machine's floor",
 }
 
 
@@ -78,6 +80,22 @@ NOTES = {
     "compile once). `jitted call`: `jax.jit` of the function, after its first call (dispatch "
     "and run). `compile`: trace, lower and compile a new `jax.jit` of it. Small calls are "
     "mostly overhead; the 100,000-row calls also show the work.",
+    "keops_users": "Inputs standard normal (the 784-D k-NN: uniform pixels in [0, 1)), fixed "
+    "seeds; foldax jitted, pykeops' `LazyTensor`s, each case's two ways timed in turns. Kernel "
+    "matrix times V: `pairwise_reduce(lambda a, b: jnp.exp(-jnp.sum((a - b[0]) ** 2)) * b[1], "
+    "x, (y, V))` against `K @ V` with `K = (-((x_i - y_j) ** 2).sum(-1)).exp()`; error: the "
+    "largest error relative to the largest magnitude of its column (entries of a kernel matrix "
+    'times random-signed vectors can be near 0). k-NN: `reduction="kmin", k=10` of '
+    "`jnp.sum((a - b) ** 2)` against `Kmin_argKmin(10, 1)`; error: the fraction of indices that "
+    'differ from `np.argsort(d, kind="stable")[:, :10]` on float64 distances. Chamfer: '
+    "`mean(min_j |x_i - y_j|^2) + mean(min_i |x_i - y_j|^2)` per pair, foldax's "
+    "`jax.jit(jax.vmap(jax.value_and_grad(chamfer, (0, 1))))` against pykeops' batched "
+    "LazyTensors `(B, N, 1, 3)`, `(B, 1, M, 3)` with torch's autograd: KeOps does not "
+    "differentiate a min reduction, so its users take `argmin` and gather the distances in "
+    "torch; error: the loss of the first pair against float64. Floor: the rates of `exp` and "
+    "of float32 multiply-adds (those of a matrix product: the vector units' peak) measured in the "
+    "same run, timed in turns with foldax's Gaussian sum; the ratio of those rows is relative "
+    "to the floor (foldax's time / the floor's).",
     "sharded": "One process with `XLA_FLAGS=--xla_force_host_platform_device_count=8`: the same "
     "program on one device and with the rows split over 8 (N padded to a multiple of 8, padding "
     "rows dropped by id). The 8 simulated devices share this machine's cores: the time ratio "
@@ -107,7 +125,7 @@ def workload_table(results: dict, name: str) -> list[str]:
     sep = "|---|---|---|---:|---:|---:|" + ("---:|---|" if extra else "---:|")
     lines = [head, sep]
     for r in rows:
-        b = _base(rows, r, base_name)
+        b = _base(rows, r, r.get("baseline", base_name))
         ratio = "n/a" if b is None or not b["seconds"] else f"{r['seconds'] / b['seconds']:.2f}"
         temp = "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"])
         tail = (
@@ -152,6 +170,7 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
         *_packed_headlines(results),
         *_overhead_headlines(results),
         *_sharded_headlines(results),
+        *_keops_headlines(results),
     ]
 
 
@@ -342,6 +361,20 @@ def _sharded_headlines(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def _keops_headlines(results: dict) -> list[tuple[str, str, str]]:
+    """What KeOps' users write: foldax vs pykeops per case, then foldax vs the machine's floor
+    for the Gaussian kernel sum."""
+    out = []
+    rows = results["workloads"].get("keops_users", [])
+    for f in rows:
+        b = _base(rows, f, f.get("baseline", BASELINE["keops_users"]))
+        if f["impl"] == "foldax" and b and b["seconds"]:
+            what = f["case"].split(";")[0]
+            ratio = _ratio(f, b) + (" (of the floor)" if b["impl"] == "floor" else "")
+            out.append((f"{what}, {f['pass']}: foldax vs {b['impl']}", "", ratio))
+    return out
+
+
 def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
     """The overhead rows a user meets first: eager and jitted calls of ``segment_sum``, an eager
     pairwise call, and the compile times of the nearest-neighbour and ragged programs."""
@@ -440,7 +473,7 @@ def terminal_table(results: dict, name: str) -> str:
     )
     cells = []
     for r in rows:
-        b = _base(rows, r, base_name)
+        b = _base(rows, r, r.get("baseline", base_name))
         cells.append(
             (
                 r["case"],

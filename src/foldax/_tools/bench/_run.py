@@ -26,6 +26,7 @@ from ._config import (
     machine,
 )
 from ._graph import bench_graph, graph_cases
+from ._keops import bench_keops_users
 from ._measure import (
     LIKELIHOOD_WAYS,
     bench_attention,
@@ -60,6 +61,9 @@ def _steps(cfg: Config, only) -> int:
         "packed": 2 * len(cfg.packed),
         "overhead": len(_OVERHEAD_CALLS) * 3 + len(_COMPILE_ONLY),
         "sharded": 1,
+        # kernel matrix times V per R, k-NN in 3-D and 784-D, Chamfer: foldax and pykeops
+        # (or its skip line) each; the floor: exp, multiply-add, foldax
+        "keops_users": 2 * (len(cfg.keops_rs) + 2 + 1) + 3,
     }
     return sum(count[k] for k in only)
 
@@ -76,6 +80,7 @@ BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
     "packed": bench_packed,
     "overhead": bench_overhead,
     "sharded": bench_sharded,
+    "keops_users": bench_keops_users,
 }
 
 
