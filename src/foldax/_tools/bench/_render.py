@@ -401,9 +401,15 @@ def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
 
 
 def _merged_note(results: dict) -> str:
-    """Which workloads a later run measured (``foldax bench --only ... --merge``), if any."""
+    """Which workloads a later run measured (``foldax bench --only ... --merge``), if any, and
+    on which machine where it is not the first run's."""
+
+    def where(r):
+        m = r.get("machine")
+        return f" ({machine_line(m)})" if m and m != results["machine"] else ""
+
     return "".join(
-        f"; {', '.join(r['workloads'])} by `{r['command']}` on {r['date']}"
+        f"; {', '.join(r['workloads'])} by `{r['command']}` on {r['date']}{where(r)}"
         for r in results.get("merged", [])
     )
 
@@ -444,8 +450,8 @@ def render_markdown(results: dict, versions: dict | None = None) -> str:
 def render_readme_block(results: dict) -> str:
     lines = [
         README_START,
-        f"Measured by `{results['command']}` on {results['date']}{_merged_note(results)} "
-        f"({machine_line(results['machine'])}); "
+        f"Measured by `{results['command']}` on {results['date']} "
+        f"({machine_line(results['machine'])}){_merged_note(results)}; "
         "every figure, with errors against float64, in [BENCHMARKS.md](BENCHMARKS.md).",
         "",
         "| foldax vs | XLA temp memory | time relative to the other (< 1: foldax is faster) |",

@@ -153,7 +153,14 @@ def _merged(previous: dict, results: dict, names) -> dict:
     merged = dict(previous)
     merged["workloads"] = {**previous["workloads"], **results["workloads"]}
     runs = [r for r in previous.get("merged", []) if not set(r["workloads"]) <= set(names)]
-    runs.append({"command": results["command"], "date": results["date"], "workloads": names})
+    runs.append(
+        {
+            "command": results["command"],
+            "date": results["date"],
+            "workloads": names,
+            "machine": results["machine"],
+        }
+    )
     merged["merged"] = runs
     merged["skipped"] = results["skipped"]
     return merged
