@@ -22,6 +22,16 @@ from ._spec import _aval, _is_float, _is_zero, _zero_tangent
 GATHER_BYTES = 4 << 20
 
 
+def in_chunks(one, args, row_bytes):
+    """``vmap(one)(args)`` over the leading axis of ``args``, at most :data:`GATHER_BYTES` of
+    ``row_bytes`` per row at a time (a loop over chunks beyond that)."""
+    rows = jax.tree.leaves(args)[0].shape[0]
+    chunk = max(1, GATHER_BYTES // max(row_bytes, 1))
+    if chunk >= rows:
+        return jax.vmap(one)(args)
+    return jax.lax.map(one, args, batch_size=chunk)
+
+
 def applies(fold) -> bool:
     """Whether ``fold`` (unbatched, in its :meth:`for_derivatives` form) takes its tangents at
     the pairs it picks."""
@@ -48,10 +58,7 @@ def values_at(spec, consts, slots, rows, idx):
         return jax.tree.map(lambda v: v[0], vals)
 
     width = p * sum(_aval(r).size // max(n, 1) * _aval(r).dtype.itemsize for r in rows)
-    chunk = max(1, GATHER_BYTES // max(width, 1))
-    if chunk >= idx.shape[0]:
-        return jax.vmap(one)((slots, idx))
-    return jax.lax.map(one, (slots, idx), batch_size=chunk)
+    return in_chunks(one, (slots, idx), width)
 
 
 def _floats(fold, primals, outs, tangents_in):
@@ -114,20 +121,14 @@ def _batched(bfold, primals, outs, tangents_in):
     """:func:`_floats` of a batched fold: its inner fold's, ``vmap`` ped (a tangent is batched
     like its primal)."""
     flat_t = [t for part in tangents_in for t in part]
-    zero = [_is_zero(t) for t in flat_t]
     dims = [d for part in bfold.dims for d in part]
-    live_t = [t for t, z in zip(flat_t, zero, strict=True) if not z]
-    live_d = [d for d, z in zip(dims, zero, strict=True) if not z]
+    live_t = [t for t in flat_t if not _is_zero(t)]
+    live_d = [d for t, d in zip(flat_t, dims, strict=True) if not _is_zero(t)]
 
     def one(primals, outs, live_t):
         it = iter(live_t)
-        flat = [t if z else next(it) for t, z in zip(flat_t, zero, strict=True)]
-        sizes = [len(part) for part in tangents_in]
-        parts, start = [], 0
-        for size in sizes:
-            parts.append(tuple(flat[start : start + size]))
-            start += size
-        return _any_floats(bfold.inner, primals, outs, tuple(parts))
+        parts = tuple(tuple(t if _is_zero(t) else next(it) for t in part) for part in tangents_in)
+        return _any_floats(bfold.inner, primals, outs, parts)
 
     outs_d = jax.tree.map(lambda _: 0, outs)
     return jax.vmap(one, in_axes=(bfold.dims, outs_d, live_d), out_axes=0)(primals, outs, live_t)
@@ -151,20 +152,11 @@ def _restricted(fold, rows):
 
     def block_live(consts, i0, j0, bi, bj):
         some = jnp.any(jax.lax.dynamic_slice_in_dim(consts[at], i0, bi))
-        if live is not None:
-            return some & live(consts, i0, j0, bi, bj)
-        if mask is None:
-            return jnp.broadcast_to(some, j0.shape)
-        i = i0 + jnp.arange(bi, dtype=jnp.int32)  # the parent's mask on every pair: a few
-        # blocks at a time, as the engine lists them (nothing of size M * N is made)
+        live_j = jnp.ones(j0.shape, jnp.bool_) if live is None else live(consts, i0, j0, bi, bj)
+        return some & live_j
 
-        def one(start):
-            j = start + jnp.arange(bj, dtype=jnp.int32)
-            return jnp.any(mask(consts, i[:, None], j[None, :]))
-
-        per = max(1, min(j0.shape[0], 2**20 // (bi * bj)))
-        return some & jax.lax.map(one, j0, batch_size=per)
-
+    # a parent mask without a block test: the engine lists the blocks from every pair
+    listed = None if mask is not None and live is None else block_live
     arrays, consts, slots, rows_avals = fold.in_avals
     avals = (arrays, (*consts, _aval(rows)), slots, rows_avals)
-    return type(fold)(spec.replace(pair_mask=pair_mask, block_live=block_live), avals)
+    return type(fold)(spec.replace(pair_mask=pair_mask, block_live=listed), avals)

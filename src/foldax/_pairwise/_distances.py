@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _jax
+from .._engine._picks import in_chunks
 from .._reductions import ArgExtremum, ExtremumWithIndex, KMin, Min
 from ._masks import only_rows
 
@@ -32,15 +33,10 @@ MIN_FEATURES = 32
 EXTRA = 8
 
 
-#: Bytes of ``y``'s rows gathered at once by :func:`at_pairs`.
-GATHER_BYTES = 4 << 20
-
-
 def at_pairs(conv, consts, x, y, idx):
     """``kernel(x_i, y_j)`` at ``j = idx[i, p]``: ``(M, P)`` of the kernel's output element ``p``
-    (``idx`` ``(M, P)``; a scalar kernel is every ``p``'s; :data:`NO_INDEX` reads row 0). The
+    (``idx`` ``(M, P)``; a scalar kernel is every ``p``'s; ``idx`` is clamped to the rows). The
     rows of ``y`` are gathered for a block of rows of ``x`` at a time."""
-    m, p = idx.shape
     n = jax.tree.leaves(y)[0].shape[0]
     pair = lambda a, b: jnp.ravel(conv(a, b, *consts))  # noqa: E731
 
@@ -49,12 +45,8 @@ def at_pairs(conv, consts, x, y, idx):
         vals = jax.vmap(pair, (None, 0))(xi, jax.tree.map(lambda a: a[at], y))  # (P, F)
         return vals[:, 0] if vals.shape[-1] == 1 else jnp.diagonal(vals)
 
-    at = jnp.minimum(idx, n - 1)
-    width = p * sum(a.size // max(n, 1) * a.dtype.itemsize for a in jax.tree.leaves(y))
-    chunk = max(1, GATHER_BYTES // max(width, 1))
-    if chunk >= m:
-        return jax.vmap(row)((x, at))
-    return jax.lax.map(row, (x, at), batch_size=chunk)
+    width = idx.shape[1] * sum(a.size // n * a.dtype.itemsize for a in jax.tree.leaves(y))
+    return in_chunks(row, (x, jnp.minimum(idx, n - 1)), width)
 
 
 def _var(v):

@@ -69,12 +69,13 @@ def _product_parts(jaxpr, dep):
     return None
 
 
-def split(conv, consts, xi, yj, softmax=False) -> Parts | None:
-    """The kernel ``conv(a, b, *consts)`` as :class:`Parts`, or ``None`` if it is not a weight
-    times values of ``y``. A sum's kernel qualifies when its one output is a product ``w * v``
-    with ``w`` a scalar of the pair and ``v`` independent of ``a``; a softmax's ``(logit, value)`` when its value is
+def split(traced, xi, softmax=False) -> Parts | None:
+    """A kernel ``conv(a, b, *consts)`` as :class:`Parts`, or ``None`` if it is not a weight
+    times values of ``y``; ``traced``: ``jax.make_jaxpr(conv)(xi, yj, *consts)``. A sum's
+    kernel qualifies when its one output is a product ``w * v`` with ``w`` a scalar of the pair
+    and ``v`` independent of ``a``; a softmax's ``(logit, value)`` when its value is
     independent of ``a``."""
-    jaxpr, closed = _jax.open_jaxpr(jax.make_jaxpr(conv)(xi, yj, *consts))
+    jaxpr, closed = _jax.open_jaxpr(traced)
     num_x = len(jax.tree.leaves(xi))
     dep = _x_dependent(jaxpr, num_x)
     if softmax:

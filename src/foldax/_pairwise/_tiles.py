@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _checks, _engine, _shard
+from .. import _checks, _engine, _jax, _shard
 from .._reductions import SUM, SoftmaxSum, SumOfProducts
 from . import _distances, _factor
 from ._kernel import _has_dot, _row_avals
@@ -136,12 +136,14 @@ def _tile_fn(conv, consts, xi, yj, monoid, rows_first=False, pair_masked=False):
     the monoid's shared form (:class:`~foldax._reductions.SumOfProducts`, ``SoftmaxSum(shared=
     True)``).
     """
-    contracts = rows_first or _has_dot(jax.make_jaxpr(conv)(xi, yj, *consts).jaxpr)
+    traced = jax.make_jaxpr(conv)(xi, yj, *consts)
+    jaxpr = _jax.open_jaxpr(traced)[0]
+    contracts = rows_first or _has_dot(jaxpr)
     parts, shared = None, None
     if isinstance(monoid, SoftmaxSum):
-        parts, shared = _factor.split(conv, consts, xi, yj, softmax=True), SoftmaxSum(shared=True)
-    elif monoid == SUM and jax.eval_shape(conv, xi, yj, *consts).shape != ():
-        parts, shared = _factor.split(conv, consts, xi, yj), SumOfProducts(pair_masked)
+        parts, shared = _factor.split(traced, xi, softmax=True), SoftmaxSum(shared=True)
+    elif monoid == SUM and jaxpr.outvars[0].aval.shape != ():
+        parts, shared = _factor.split(traced, xi), SumOfProducts(pair_masked)
     pair = conv if parts is None else parts.weight
 
     def pairs(c, xb, yb):

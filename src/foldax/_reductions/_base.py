@@ -193,10 +193,10 @@ class Monoid:
             )
 
 
-def picked_elements(dv, shape):
+def picked_elements(dv):
     """The tangents ``(S, P)`` of picked values, from the body's tangents ``dv`` ``(S, P, *F)``
     at each pick's pair: pick ``p`` is of output element ``p % prod(F)`` (a scalar kernel's
-    picks are all of its one element). ``shape``: the outputs' ``(S, *F)``, to check."""
+    picks are all of its one element)."""
     s, p = dv.shape[:2]
     f = int(np.prod(dv.shape[2:], dtype=np.int64))
     flat = dv.reshape(s, p, f)
@@ -249,3 +249,17 @@ class _ValuesAndIndices:
 
     def info(self, outputs):
         return (outputs[1],)
+
+    # The picks (see :mod:`foldax._engine._picks`): each value's own index.
+
+    def picks(self, info):
+        (idx,) = info
+        return idx.reshape(idx.shape[0], -1)
+
+    def picked_tangent(self, info, dv):
+        (idx,) = info
+        d = picked_elements(dv).reshape(idx.shape)
+        return (jnp.where(idx != NO_INDEX, d, jnp.zeros((), d.dtype)), None)
+
+    def streamed_rows(self, info):
+        return None

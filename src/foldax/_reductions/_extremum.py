@@ -206,7 +206,7 @@ class _ExtremumAndIndex(_Extremum):
 
     def picked_tangent(self, info, dv):
         m, c = info[:2]
-        d = picked_elements(dv, m.shape).reshape(m.shape[0], 2, -1)
+        d = picked_elements(dv).reshape(m.shape[0], 2, -1)
         c = c.reshape(m.shape[0], -1)
         zero = jnp.zeros((), d.dtype)
         t = jnp.where(c == 1, d[:, 0], jnp.where(c == 2, (d[:, 0] + d[:, 1]) / 2, zero))
@@ -357,18 +357,6 @@ class ExtremumWithIndex(_ValuesAndIndices, ArgExtremum):
         (idx,) = info
         ct = jnp.broadcast_to(g[0][:, None].astype(v.dtype), v.shape)
         return jnp.where(self._at_index(v, mask, idx, index), ct, jnp.zeros((), v.dtype))
-
-    def picks(self, info):
-        (idx,) = info
-        return idx.reshape(idx.shape[0], -1)
-
-    def picked_tangent(self, info, dv):
-        (idx,) = info
-        d = picked_elements(dv, idx.shape).reshape(idx.shape)
-        return (jnp.where(idx != NO_INDEX, d, jnp.zeros((), d.dtype)), None)
-
-    def streamed_rows(self, info):
-        return None
 
     def tangent(self, v, dv, mask, info, index):
         (idx,) = info

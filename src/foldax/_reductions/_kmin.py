@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import NO_INDEX, Monoid, _ValuesAndIndices, picked_elements
+from ._base import NO_INDEX, Monoid, _ValuesAndIndices
 
 
 def _no_entry(take, key, idx):
@@ -520,19 +520,6 @@ class KMin(_ValuesAndIndices, Monoid):
 
     def finalize(self, st):
         return st
-
-    # The picks (see :mod:`foldax._engine._picks`): each entry's own index.
-
-    def picks(self, info):
-        return info[0]
-
-    def picked_tangent(self, info, dv):
-        (idx,) = info
-        d = picked_elements(dv, idx.shape)
-        return (jnp.where(idx != NO_INDEX, d, jnp.zeros((), d.dtype)), None)
-
-    def streamed_rows(self, info):
-        return None
 
     def row_cotangent(self, v, mask, info, g, index):
         (idx,) = info

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._base import Monoid, _accumulator, _add_at, promote
+from ._base import _accumulator, promote
+from ._sum import Sum
 
 
 def rarely(pred, fn, like):
@@ -60,17 +61,17 @@ def masked_products(w, mask, values, dtype, pair_masked, differentiable=False):
 
 
 @dataclasses.dataclass(frozen=True)
-class SumOfProducts(Monoid):
+class SumOfProducts(Sum):
     """``sum_j w_ij * v_j`` for a tile's values ``(w (bi, bj), v (bj, *F))``: weights of the pairs
     and values of the columns (``pairwise_reduce``'s sum of a kernel ``k(a, b[0]) * b[1]``).
-    State: the sum, in float32 for half-precision weights or values. Its derivatives are
+    State: :class:`Sum`'s, in float32 for half-precision weights or values. Its derivatives are
     matrix products too: ``g @ v.T`` for the weights, ``w.T @ g`` for the values.
     ``pair_masked``: the fold has a pair mask (see :func:`masked_products`)."""
 
     pair_masked: bool = False
 
     def __init__(self, pair_masked=False):
-        super().__init__("sum", "number")
+        super().__init__()
         object.__setattr__(self, "pair_masked", pair_masked)
 
     #: Preferred dense block when ``y`` is walked transposed: long enough both ways for the
@@ -94,18 +95,6 @@ class SumOfProducts(Monoid):
         w, val = v
         dtype = self._dtype(w.dtype, val.dtype)
         return (masked_products(w, mask, val, dtype, self.pair_masked),)
-
-    def combine(self, a, b):
-        return (a[0] + b[0],)
-
-    def allreduce(self, state, axes):
-        return (lax.psum(state[0], axes),)
-
-    def scatter(self, carry, seg, st):
-        return (_add_at(carry[0], seg, st[0]),)
-
-    def finalize(self, st):
-        return st[0]
 
     def row_cotangent(self, v, mask, info, g):
         w, val = v
