@@ -73,7 +73,8 @@ def test_values_on_y_match_float64_with_derivatives(rng, shape):
 
 def test_values_on_y_in_float32_half_and_complex(rng):
     """float32 (against float64), bfloat16 values with float32 weights (accumulated in
-    float32) and complex values: each as the dense products give it."""
+    float32), a bfloat16 kernel (its result bfloat16, summed in float32) and complex values:
+    each as the dense products give it."""
     x, y = rng.normal(size=(M, 3)).astype(F32), rng.normal(size=(N, 3)).astype(F32)
     v = rng.normal(size=(N, 4)).astype(F32)
     want = gauss_matrix(x, y) @ v.astype(F64)
@@ -87,6 +88,11 @@ def test_values_on_y_in_float32_half_and_complex(rng):
     got = foldax.pairwise_reduce(half, x, (y, vb), block_size=BLOCKS)
     assert got.dtype == F32
     assert_allclose(got, gauss_matrix(x, y) @ np.asarray(vb, F64), dtype=F32)
+    xb, yb = (jnp.asarray(a, jnp.bfloat16) for a in (x, y))
+    got = foldax.pairwise_reduce(gauss_values, xb, (yb, vb), block_size=BLOCKS)
+    assert got.dtype == jnp.bfloat16  # the kernel's dtype, summed in float32
+    want = gauss_matrix(np.asarray(xb, F64), np.asarray(yb, F64)) @ np.asarray(vb, F64)
+    assert_allclose(got, want, dtype=jnp.bfloat16, scale=float(np.abs(want).max()))
     vc = (v + 1j * rng.normal(size=v.shape)).astype(np.complex64)
 
     def cplx(a, b):

@@ -45,7 +45,7 @@ def _typed_out_avals(spec, avals):
 def _finish(spec, state, row_aval):
     """A monoid fold's outputs; the result in the values' dtype (states may be wider)."""
     outs = spec.monoid.outputs(state)
-    dtype = getattr(row_aval, "dtype", None)
+    dtype = spec.monoid.result_dtype(row_aval)
     first = outs[0]
     if dtype is not None and jnp.issubdtype(first.dtype, jnp.floating) and first.dtype != dtype:
         first = first.astype(dtype)

@@ -168,6 +168,11 @@ class Monoid:
         """One value's aval from a tile's ``(G, T, *F)`` values."""
         return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[2:], a.dtype), tile_aval)
 
+    def result_dtype(self, aval):
+        """The dtype of the public result for values of ``aval`` (from :meth:`value_aval`; the
+        engine casts a wider state's result to it), or ``None``: as the state's."""
+        return getattr(aval, "dtype", None)
+
     def init_aval(self, num, aval):
         """The identity state for values of ``aval`` (a ``ShapeDtypeStruct`` or a pytree of them)."""
         return self.init(num, aval.shape, aval.dtype)

@@ -87,6 +87,9 @@ class SumOfProducts(Sum):
         sds = jax.ShapeDtypeStruct
         return (sds((), w.dtype), sds(v.shape[1:], v.dtype))
 
+    def result_dtype(self, aval):
+        return promote(aval[0].dtype, aval[1].dtype)  # the kernel's: the product's dtype
+
     def init_aval(self, num, aval):
         w, v = aval
         return (jnp.zeros((num, *v.shape), self._dtype(w.dtype, v.dtype)),)
