@@ -1,7 +1,8 @@
 """jax.vmap of every segment reduction (the registry, one program for all of them): over the
 data, nested, over closed-over params and over traced partitions, against the float64
 references; and temp memory under large outer vmaps (asserted through foldax.memory): a vmap does
-not multiply the plan, the tiles shrink with the batch.
+not multiply the plan, the tiles shrink with the batch (or, for folds large enough, the batch
+is walked element by element).
 
 The vmaps of pairwise_reduce's values are in test_pairwise.py (test_transformations); vmaps of
 derivatives in test_grad.py and test_hessian.py.
@@ -181,6 +182,49 @@ def test_pairwise_and_cauchy_under_large_vmap():
     from foldax._engine._budget import DEFAULT_BUDGET
 
     assert max(p4, c4) <= DEFAULT_BUDGET < 256 * 64 * 1024 * 4, temps  # < one batch of tiles
+
+
+def test_a_batch_of_large_pairwise_folds_is_walked_element_by_element(rng):
+    """Where each element of a batch takes many full steps of its own, the batch runs one
+    element after another, each with the whole budget (batched tiles would only be smaller):
+    values, gradients and forward-mode derivatives equal each element's own, and temp stays
+    flat in the batch beyond the per-element outputs."""
+    from foldax._engine import _primitive
+
+    x = jnp.asarray(rng.standard_normal((3, 40, 3)), F32)
+    y = jnp.asarray(rng.standard_normal((3, 300, 3)), F32)
+    min_of = lambda x, y: foldax.pairwise_reduce(_sqdist, x, y, reduction="min")  # noqa: E731
+    sum_of = lambda x, y: foldax.pairwise_reduce(_sqdist, x, y)  # noqa: E731
+    with foldax.memory_budget(1024):  # 64 pairs a step: 40 x 300 walks alone
+        fold = jax.make_jaxpr(jax.vmap(min_of))(x, y)
+        for f in (min_of, sum_of):
+            loss = lambda x, y, f=f: jnp.sum(jnp.sin(f(x, y)))  # noqa: E731
+            vmapped = jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1))))(x, y)
+            tangent = jax.jit(jax.vmap(lambda x, y, f=f: jax.jvp(f, (x, y), (y[:40], jnp.cos(y)))))
+            each = [jax.value_and_grad(loss, (0, 1))(x[b], y[b]) for b in range(3)]
+            jvps = [jax.jvp(f, (x[b], y[b]), (y[b, :40], jnp.cos(y[b]))) for b in range(3)]
+            for b in range(3):
+                for got, want in zip(
+                    jax.tree.leaves((vmapped, tangent(x, y))),
+                    jax.tree.leaves((each[b], jvps[b])),
+                    strict=True,
+                ):
+                    np.testing.assert_allclose(got[b], want, rtol=2e-5, atol=2e-5)
+    (rule,) = [e.params["fold_rule"] for e in fold.jaxpr.eqns if "fold_rule" in e.params]
+    assert _primitive._walks_alone(rule.inner), "the batch was expected to walk alone"
+
+    def temp(b):
+        xs = jax.ShapeDtypeStruct((b, 256, 3), jnp.float32)
+        ys = jax.ShapeDtypeStruct((b, 16384, 3), jnp.float32)
+        grad = jax.vmap(jax.grad(lambda x, y: jnp.sum(min_of(x, y)), (0, 1)))
+        return report(jax.vmap(min_of), xs, ys).temp_bytes, report(grad, xs, ys).temp_bytes
+
+    (f4, g4), (f32, g32) = temp(4), temp(32)
+    # per element: y walked transposed (one copy of it; jax 0.12's XLA keeps it), and for the
+    # gradient y's cotangent and the picks' indices (the gradients themselves are outputs)
+    copy = 28 * 16384 * 3 * 4
+    assert f32 <= 1.1 * f4 + copy + 2**20, (f4, f32)
+    assert g32 <= 1.1 * g4 + 2 * copy + 28 * 256 * 16 + 2**20, (g4, g32)
 
 
 @pytest.mark.parametrize(

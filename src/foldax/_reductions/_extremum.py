@@ -23,6 +23,7 @@ from ._base import (
     picked_elements,
 )
 from ._kmin import _columns, _first_column, _hits
+from ._products import rarely
 
 
 def _tile_extreme(v, mask, is_max):
@@ -141,9 +142,10 @@ class _ExtremumAndIndex(_Extremum):
         return (*super().init(num, fshape, dtype), none, none)
 
     def reduce(self, v, mask, index):
-        # three passes: the extreme; the count of the values attaining it with the sum of
-        # their columns (and whether any is NaN); the first of them. Of two, the second is the
-        # sum less the first.
+        # two passes: the extreme; the count of the values attaining it with the sum of
+        # their columns (and whether any is NaN), which is the column of the only one. A third
+        # finds the first of two, only in the tiles that hold two (the second is the sum less
+        # the first).
         w, m, hit = _tile_extreme(v, mask, self.is_max)
         t = v.shape[1]
         if jnp.issubdtype(v.dtype, jnp.floating):  # XLA:CPU's max may drop NaN: found here
@@ -152,7 +154,8 @@ class _ExtremumAndIndex(_Extremum):
             c = jnp.where(nan, 0, c)
         else:
             c, cols = _hits(hit)
-        first = jnp.where((c >= 1) & (c <= 2), _first_column(hit), t)
+        two = rarely(jnp.any(c == 2), lambda: _first_column(hit), cols)
+        first = jnp.where(c == 1, cols, jnp.where(c == 2, two, t))
         second = jnp.where(c == 2, cols - first, t)
         return (m, c, _index_of(index, first, t), _index_of(index, second, t))
 

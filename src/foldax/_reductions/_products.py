@@ -17,8 +17,10 @@ def rarely(pred, fn, like):
     """``fn()`` where the scalar ``pred`` holds, else zeros like ``like``: a loop of at most one
     turn, which under ``vmap`` runs only if some element needs it (a ``cond`` would become a
     select that always computes ``fn``). Not reverse-differentiable: for a fold's own states."""
-    zeros = jnp.zeros(like.shape, like.dtype)
-    return lax.while_loop(lambda c: c[0], lambda c: (jnp.zeros((), bool), fn()), (pred, zeros))[1]
+    # the body's outputs take the carry's types (inside ``shard_map``: whether they vary)
+    zeros = jnp.zeros_like(like)
+    body = lambda c: (c[0] & False, fn().astype(like.dtype) + c[1])  # noqa: E731
+    return lax.while_loop(lambda c: c[0], body, (pred, zeros))[1]
 
 
 def masked_products(w, mask, values, dtype, pair_masked, differentiable=False):
