@@ -14,6 +14,7 @@ from . import memory as memory
 from ._checks import debug_checks as debug_checks
 from ._engine import memory_budget as memory_budget
 from ._pairwise import dot_product_attention as dot_product_attention
+from ._pairwise import linear_cross_entropy as linear_cross_entropy
 from ._pairwise import pairwise_reduce as pairwise_reduce
 from ._segment import segment_argmax as segment_argmax
 from ._segment import segment_argmin as segment_argmin

@@ -117,10 +117,18 @@ def _vjp_body(parent: Spec, shape: Shape, out_avals):
                 ],
             )
             ct = _shard.like(ct, out)
-        ct_c, ct_s, ct_r = _unflag(pull(ct), shape.nz, shape.nc, shape.ns)
+        ct_c, ct_s, ct_r = _unflag(tuple(map(widened, pull(ct))), shape.nz, shape.nc, shape.ns)
         return tuple(ct_s), tuple(ct_c), tuple(ct_r)
 
     return body
+
+
+def widened(ct):
+    """A cotangent as the cotangent fold sums it: half-precision ones in float32 (each tile's
+    share is rounded once, never the running sum; the fold's caller narrows the total)."""
+    if ct is None or not hasattr(ct, "dtype") or not jnp.issubdtype(ct.dtype, jnp.floating):
+        return ct
+    return ct.astype(jnp.float32) if jnp.dtype(ct.dtype).itemsize < 4 else ct
 
 
 def _unflag(picked, nz, nc, ns):

@@ -127,6 +127,11 @@ class _Rules(Primitive):
         )
         nc, ns, nr = self._counts()
         nz_c, nz_s, nz_r = nz[:nc], nz[nc : nc + ns], nz[nc + ns :]
+        # summed in float32 for half-precision inputs (_derived.widened): narrowed once, here
+        ct_c, ct_s, ct_r = (
+            [c.astype(_aval(a).dtype) for c, a in zip(cts, _pick(list(part), flags), strict=True)]
+            for cts, part, flags in ((ct_c, consts, nz_c), (ct_s, slots, nz_s), (ct_r, rows, nz_r))
+        )
         cts = (
             _fill([None] * nc, nz_c, ct_c),
             _fill([None] * ns, nz_s, ct_s),

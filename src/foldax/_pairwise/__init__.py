@@ -6,12 +6,13 @@ state per row of ``x``; every derivative is another such fold, recomputing each 
 ``O(bi * bj + M + N)``, forward, backward and forward-mode.
 
 ``_reduce``: the public :func:`pairwise_reduce`; ``_attention``: :func:`dot_product_attention`
-on it; ``_kernel``: reduction names, kernel outputs, value packing; ``_tiles``: the fold;
+on it; ``_cross_entropy``: :func:`linear_cross_entropy` on it; ``_kernel``: reduction names, kernel outputs, value packing; ``_tiles``: the fold;
 ``_masks``: which pairs take part (masks, segment ids) and which blocks to visit;
 ``_intervals``: a mask's formula bounded on a block; ``_mesh``: device meshes.
 """
 
 from ._attention import dot_product_attention as dot_product_attention
+from ._cross_entropy import linear_cross_entropy as linear_cross_entropy
 from ._kernel import _monoid_for as _monoid_for
 from ._reduce import pairwise_reduce as pairwise_reduce
 from ._tiles import _block_sizes as _block_sizes

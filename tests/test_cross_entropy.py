@@ -1,0 +1,235 @@
+"""``linear_cross_entropy`` against the plain loss built from its ``(T, V)`` logits in float64:
+every option (ignored tokens, soft cap, z-loss, label smoothing, the three reductions, both
+layouts of ``w``), values and gradients of ``h`` and ``w``, forward mode and second order,
+half precision, bad input, and memory that does not grow with the vocabulary."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_allclose
+from jax.test_util import check_grads
+
+import foldax
+from foldax.memory import report
+
+F32, F64 = np.float32, np.float64
+T, V, D = 37, 203, 16  # tokens and vocabulary rows: multiples of no tile
+IGNORE = -100
+
+
+def reference(h, w, labels, *, eps=0.0, z_loss=0.0, cap=None, reduction="mean", lse=False):
+    """The plain loss: every logit formed, in the inputs' dtype (float64 in the comparisons)."""
+    z = jnp.einsum("...d,vd->...v", h, w)
+    if cap is not None:
+        z = cap * jnp.tanh(z / cap)
+    s = jax.nn.logsumexp(z, axis=-1)
+    kept = labels != IGNORE
+    label = jnp.take_along_axis(z, jnp.where(kept, labels, 0)[..., None], axis=-1)[..., 0]
+    loss = s - (1 - eps) * label - eps * jnp.mean(z, axis=-1) + z_loss * s**2
+    loss = jnp.where(kept, loss, jnp.zeros((), loss.dtype))
+    if reduction == "sum":
+        loss = jnp.sum(loss)
+    elif reduction == "mean":
+        loss = jnp.sum(loss) / jnp.sum(kept).astype(loss.dtype)
+    return (loss, s) if lse else loss
+
+
+def _data(rng, lead=(T,), dtype=F64):
+    h = rng.standard_normal((*lead, D)).astype(dtype)
+    w = (0.5 * rng.standard_normal((V, D))).astype(dtype)
+    labels = rng.integers(0, V, lead).astype(np.int32)
+    labels.reshape(-1)[[3, 5, 11]] = IGNORE
+    return h, w, labels
+
+
+OPTIONS = {
+    "plain": {},
+    "smoothing": {"label_smoothing": 0.1},
+    "z_loss": {"z_loss": 1e-3},
+    "soft_cap": {"logit_soft_cap": 3.0},
+    "all": {"logit_soft_cap": 2.5, "label_smoothing": 0.2, "z_loss": 1e-2},
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_values_and_gradients_equal_the_float64_loss(option, rng):
+    """Every reduction's value and the gradients of ``h`` and ``w`` of the sum of its squares,
+    with the log-sum-exps, in one program per option; ``h`` batched ``(2, T, D)`` for the
+    soft cap, ``w`` given as ``(D, V)`` for the z-loss, small tiles for all of them."""
+    kw = OPTIONS[option]
+    ref_kw = {
+        "eps": kw.get("label_smoothing", 0.0),
+        "z_loss": kw.get("z_loss", 0.0),
+        "cap": kw.get("logit_soft_cap"),
+    }
+    lead = (2, T // 2) if option == "soft_cap" else (T,)
+    layout = "DV" if option == "z_loss" else "VD"
+    with jax.enable_x64(True):
+        h, w, labels = (jnp.asarray(a) for a in _data(rng, lead))
+        given = w.T if layout == "DV" else w
+
+        def ours(h, w, reduction):
+            return foldax.linear_cross_entropy(
+                h, w, labels, reduction=reduction, return_lse=True, w_layout=layout,
+                block_size=(8, 32), **kw,
+            )  # fmt: skip
+
+        def theirs(h, w, reduction):
+            return reference(h, w.T if layout == "DV" else w, labels, reduction=reduction,
+                             lse=True, **ref_kw)  # fmt: skip
+
+        def everything(f):
+            def run(h, w):
+                outs = {r: f(h, w, r) for r in ("mean", "sum", "none")}
+                sq = lambda h, w: sum(jnp.sum(f(h, w, r)[0] ** 2) for r in outs)  # noqa: E731
+                return outs, jax.grad(sq, (0, 1))(h, w)
+
+            return jax.jit(run)(h, given)
+
+        got, want = everything(ours), everything(theirs)
+        for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            scale = max(float(np.max(np.abs(e))), 1.0)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-12, atol=1e-12 * scale)
+
+
+def test_derivatives_of_every_order(rng):
+    """``check_grads`` in float64, forward and reverse to second order, with every option on
+    and tiles that leave partial blocks of tokens and of the vocabulary."""
+    with jax.enable_x64(True):
+        h = jnp.asarray(rng.standard_normal((5, 3)))
+        w = jnp.asarray(rng.standard_normal((7, 3)))
+        labels = jnp.asarray([0, 6, IGNORE, 3, 3], jnp.int32)
+
+        def loss(h, w):
+            return foldax.linear_cross_entropy(
+                h, w, labels, logit_soft_cap=2.0, label_smoothing=0.1, z_loss=0.05,
+                block_size=(2, 4),
+            )  # fmt: skip
+
+        check_grads(loss, (h, w), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
+        ref = lambda h, w: reference(h, w, labels, eps=0.1, z_loss=0.05, cap=2.0)  # noqa: E731
+        dh, dw = jnp.asarray(rng.standard_normal((5, 3))), jnp.asarray(rng.standard_normal((7, 3)))
+        got, want = jax.jvp(loss, (h, w), (dh, dw)), jax.jvp(ref, (h, w), (dh, dw))
+        assert_allclose(jnp.stack(got), jnp.stack(want), dtype=F64)
+
+
+def test_ignored_and_out_of_range_labels(rng):
+    """Ignored tokens lose 0, are not counted and get no gradient; a label outside the
+    vocabulary (other than ``ignore_index``) gives NaN, never another row's logit; a mean over
+    no kept token is NaN (as PyTorch's)."""
+    h, w, _ = _data(rng, dtype=F32)
+    labels = np.full(T, IGNORE, np.int32)
+    labels[:4] = [0, V - 1, V, -1]
+    out = foldax.linear_cross_entropy(h, w, labels, reduction="none")
+    assert np.all(np.isfinite(out[:2])) and np.all(np.isnan(out[2:4])) and np.all(out[4:] == 0)
+    gh = jax.grad(lambda h: foldax.linear_cross_entropy(h, w, labels, reduction="sum"))(h)
+    assert np.all(np.asarray(gh[4:]) == 0)
+    labels[:4] = [1, 2, 3, IGNORE]
+    mean = foldax.linear_cross_entropy(h, w, labels)
+    assert_allclose(mean, reference(h, w, labels), dtype=F32, scale=10.0)
+    assert np.isnan(foldax.linear_cross_entropy(h, w, np.full(T, 7, np.int32), ignore_index=7))
+    assert np.isnan(foldax.linear_cross_entropy(h, w, np.full(T, IGNORE, np.int32)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_accumulates_in_float32(dtype, rng):
+    """Half-precision ``h`` and ``w``: the loss in float32, the gradients in the inputs' dtype
+    and no less accurate (against float64) than those of the plain loss with float32 logits."""
+    t, v, d = 64, 2048, 64
+    h = rng.standard_normal((t, d)).astype(F32)
+    w = (0.2 * rng.standard_normal((v, d))).astype(F32)
+    labels = rng.integers(0, v, t).astype(np.int32)
+    with jax.enable_x64(True):
+        h64, w64 = jnp.asarray(h, F64), jnp.asarray(w, F64)
+        g64 = jax.grad(lambda h, w: reference(h, w, labels), (0, 1))(h64, w64)
+        want = reference(h64, w64, labels)
+    hh, wh = jnp.asarray(h, dtype), jnp.asarray(w, dtype)
+
+    def plain(h, w):  # the usual mixed-precision loss: float32 logits
+        z = jnp.einsum("td,vd->tv", h, w, preferred_element_type=jnp.float32)
+        s = jax.nn.logsumexp(z, axis=-1)
+        return jnp.mean(s - jnp.take_along_axis(z, jnp.asarray(labels)[:, None], 1)[:, 0])
+
+    ours = lambda h, w: foldax.linear_cross_entropy(h, w, labels)  # noqa: E731
+    loss = jax.jit(ours)(hh, wh)
+    assert loss.dtype == jnp.float32
+    assert abs(float(loss) - float(want)) <= 1e-2 * abs(float(want))
+    err = {}
+    for name, f in (("plain", plain), ("ours", ours)):
+        grads = jax.jit(jax.grad(f, (0, 1)))(hh, wh)
+        assert all(g.dtype == dtype for g in grads)
+        err[name] = [
+            float(np.max(np.abs(np.asarray(g, F64) - np.asarray(r))) / np.max(np.abs(r)))
+            for g, r in zip(grads, g64, strict=True)
+        ]
+    for ours_err, plain_err in zip(err["ours"], err["plain"], strict=True):
+        assert ours_err <= 1.2 * plain_err, err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"h": np.ones((4, 3), np.int32)}, "h has dtype int32"),
+        ({"labels": np.zeros(4, F32)}, "labels has dtype float32"),
+        ({"w": np.ones((5, 2), F32)}, "same D as w"),
+        ({"w": np.ones(5, F32)}, "2-D"),
+        ({"labels": np.zeros(3, np.int32)}, "one label per row of h"),
+        ({"w_layout": "vd"}, "w_layout must be 'VD' or 'DV'"),
+        ({"reduction": "avg"}, "reduction must be one of"),
+        ({"z_loss": -1.0}, "z_loss must be non-negative"),
+        ({"label_smoothing": 1.5}, "label_smoothing must be non-negative and at most 1"),
+        ({"logit_soft_cap": 0.0}, "logit_soft_cap must be positive"),
+        ({"logit_soft_cap": np.ones(2)}, "logit_soft_cap has shape"),
+    ],
+)
+def test_bad_input_names_the_function_and_the_argument(kwargs, match):
+    args = {"h": np.ones((4, 3), F32), "w": np.ones((5, 3), F32), "labels": np.zeros(4, np.int32)}
+    args.update(kwargs)
+    h, w, labels = args.pop("h"), args.pop("w"), args.pop("labels")
+    with pytest.raises((ValueError, TypeError), match="foldax.linear_cross_entropy: .*" + match):
+        foldax.linear_cross_entropy(h, w, labels, **args)
+
+
+def _temps(loss, t, v, d, dtype):
+    c = jax.ShapeDtypeStruct
+    args = (c((t, d), dtype), c((v, d), dtype), c((t,), jnp.int32))
+    grad = jax.grad(loss, (0, 1))
+    return report(loss, *args).temp_bytes, report(grad, *args).temp_bytes
+
+
+def _plain(h, w, labels):
+    z = jnp.einsum("td,vd->tv", h, w, preferred_element_type=jnp.float32)
+    s = jax.nn.logsumexp(z, axis=-1)
+    return jnp.mean(s - jnp.take_along_axis(z, labels[:, None], 1)[:, 0])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_memory_flat_in_the_vocabulary_and_far_below_the_logits(dtype):
+    """Temp at T = 8,192 tokens, D = 512, V = 32,768 and 131,072, forward and gradient: flat in
+    V and under 1/100 of the plain loss's (whose logits alone are 4 GiB in float32). In
+    bfloat16, XLA:CPU widens all of ``w`` to float32 before the loop (it multiplies bfloat16
+    matrices in float32) and the gradient of ``w`` is summed in float32 (then narrowed): temp
+    grows by those ``(V, D)`` float32 buffers alone, and stays under 1/10 of the plain's."""
+    ours = lambda h, w, labels: foldax.linear_cross_entropy(h, w, labels)  # noqa: E731
+    small, big = _temps(ours, 8192, 32768, 512, dtype), _temps(ours, 8192, 131072, 512, dtype)
+    copy = 0 if dtype == jnp.float32 else (131072 - 32768) * 512 * 4
+    for what, s, b, copies in zip(("forward", "gradient"), small, big, (1, 3), strict=True):
+        assert b <= 1.1 * s + copies * copy + 2**20, (what, small, big)
+    plain = _temps(_plain, 8192, 131072, 512, dtype)
+    for what, o, p in zip(("forward", "gradient"), big, plain, strict=True):
+        assert o * (100 if dtype == jnp.float32 else 10) <= p, (what, big, plain)
+
+
+def test_under_vmap_and_jit(rng):
+    """A batch of losses (``vmap`` over sequences) equals each sequence's own loss."""
+    h, w, labels = _data(rng, (3, 12), dtype=F32)
+    f = lambda h, labels: foldax.linear_cross_entropy(h, w, labels)  # noqa: E731
+    got = jax.jit(jax.vmap(jax.value_and_grad(f)))(h, labels)
+    for b in range(3):
+        want = jax.value_and_grad(f)(h[b], labels[b])
+        for g, e in zip(got, want, strict=True):
+            assert_allclose(g[b], e, dtype=F32, scale=4.0)
