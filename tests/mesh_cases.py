@@ -433,6 +433,42 @@ def test_pairwise_axis_name_inside_shard_map(check_vma):
             jax.jit(sm)(put(x[:16], EXPLICIT, P("d")), put(y, EXPLICIT, P("d")))
 
 
+def test_pairwise_cross_entropy_with_the_vocabulary_split():
+    """``linear_cross_entropy`` with ``w``'s vocabulary split over 8 devices (``axis_name``,
+    labels global): values, log-sum-exps and gradients equal one device's, with ignored
+    tokens, a soft cap, label smoothing and z-loss; only per-token statistics cross devices
+    (no all-gather, no collective of a ``(T, V)`` or ``(V, D)`` array)."""
+    rng = shared_rng("cross entropy vocabulary")
+    t, v, d = 24, 8 * 40, 8
+    h = jnp.asarray(rng.standard_normal((t, d)), jnp.float32)
+    wv = jnp.asarray(0.5 * rng.standard_normal((v, d)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, v, t), jnp.int32).at[jnp.asarray([2, 7])].set(-100)
+    opts = dict(logit_soft_cap=4.0, label_smoothing=0.1, z_loss=1e-3, return_lse=True)
+
+    def loss(h, w, axis_name=None):
+        out, lse = foldax.linear_cross_entropy(h, w, labels, axis_name=axis_name, **opts)
+        return out + 1e-3 * jnp.sum(lse), (out, lse)
+
+    def split(h, w):
+        body = lambda h, w: loss(h, w, "d")  # noqa: E731
+        specs = dict(in_specs=(P(), P("d")), out_specs=(P(), (P(), P())))
+        return jax.shard_map(body, mesh=EXPLICIT, **specs)(h, w)
+
+    one = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(h, wv)
+    w8 = put(wv, EXPLICIT, P("d"))
+    eight = jax.jit(jax.value_and_grad(split, (0, 1), has_aux=True))
+    got = eight(h, w8)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(one), strict=True):
+        assert_allclose(a, b, dtype=np.float32, scale=20)
+    text = eight.lower(h, w8).compile().as_text()
+    assert_no_gather(text)
+    for line in text.splitlines():
+        if re.search(r"all-reduce(-start)?\(", line):
+            shape = re.search(r"f32\[([0-9,]*)\]", line)
+            sizes = [int(n) for n in shape.group(1).split(",") if n] if shape else []
+            assert np.prod(sizes, dtype=np.int64) <= t * d, line  # per token, or dh
+
+
 def test_pairwise_per_device_memory():
     """y split over 8 devices: per-device arguments shrink, temp memory does not grow."""
     m, n = 512, 1 << 14
