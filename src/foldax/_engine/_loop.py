@@ -11,7 +11,7 @@ from jax import lax
 
 from .. import _shard
 from .._jax import ShapedArray
-from ._plan import make_plan
+from ._plan import make_plan, preferred_tile
 from ._probe import _probe_avals
 from ._spec import _aval, _index, _with_rows
 
@@ -59,7 +59,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
     mon, axes = spec.monoid, spec.axes + spec.ring
     n = spec.plan.n
     first = _shard.device_index(spec.axes) * n if spec.axes else 0
-    tile = getattr(mon, "dense_tile", None)  # a reduction's preferred dense block
+    tile = preferred_tile(spec.plan, mon)
     plan0 = make_plan(spec.plan, arrays, units, first, tile, whole)
     row_aval, start = _initial_states(spec, plan0, out_avals, (arrays, consts, slots, rows))
 

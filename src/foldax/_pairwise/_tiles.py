@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks, _engine, _jax, _shard
+from .._engine._plan import GEMM_TILE
 from .._reductions import SUM, SoftmaxSum, SumOfProducts
 from . import _distances, _factor
 from ._kernel import _has_dot, _row_avals
@@ -102,7 +103,12 @@ def _fold(name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, row
         xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
         return tile(consts[:nk], xb, yb), (), ()
 
-    plan = _engine.PlanSpec("dense", n, m, None, block, row_axis=-1 if cols else 0)
+    # a kernel that contracts is a matrix product per tile: tiles long both ways (unless the
+    # monoid asks for its own, as the k smallest do)
+    gemm = not cols and getattr(monoid, "dense_tile", None) is None
+    plan = _engine.PlanSpec(
+        "dense", n, m, None, block, row_axis=-1 if cols else 0, tile=GEMM_TILE if gemm else None
+    )
     spec = _engine.Spec(
         plan,
         body,
