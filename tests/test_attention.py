@@ -377,10 +377,11 @@ def test_packed_attention_memory_grows_like_length_not_its_square(rng):
         g = jax.grad(lambda q, k, v, s: f(q, k, v, s).sum(), (0, 1, 2))
         return report(f, q, q, q, ids).temp_bytes, report(g, q, q, q, ids).temp_bytes
 
-    small, large = temps(1024), temps(4096)
+    # past one tile (1,024 x 1,024 pairs, a matrix product each) in both directions
+    small, large = temps(4096), temps(16384)
     for s, lg, what in zip(small, large, ("forward", "gradient"), strict=True):
         assert lg <= 4.5 * max(s, 1), f"{what}: {s} -> {lg} bytes"
-        assert lg < 4096 * 4096 * 4 / 8, f"{what}: {lg} bytes, near an L x L buffer"
+        assert lg < 16384 * 16384 * 4 / 8, f"{what}: {lg} bytes, near an L x L buffer"
 
 
 @pytest.mark.slow

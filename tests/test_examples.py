@@ -15,6 +15,7 @@ EXPECT = {
     "audit_segment.py": (None, ("fitted exponent",)),
     "equinox_gp.py": ("equinox", ("agreement check: passed", "models (filter_vmap)")),
     "flax_s4.py": ("flax", ("foldax.cauchy (defaults)",)),
+    "lm_loss.py": ("flax", ("agreement check: passed", "training step, XLA temp memory")),
     "graph_attention.py": (None, ("agreement check: passed", "gradient (XLA temp memory")),
     "packed_attention.py": (None, ("agreement check: passed", "jax.nn (L x L mask)")),
     "numpyro_events.py": ("numpyro", ("posterior mean", "foldax.segment_logmeanexp", "padded")),
