@@ -9,7 +9,7 @@ keeps more: the step's temp is 2.3 GB. With ``linear_cross_entropy(h, kernel, la
 w_layout="DV")`` the loss is a streamed fold and the step's temp is 154 MB, most of it the
 model's own (the embedding's gradient, the blocks' activations). Run it:
 
-    .venv/bin/python examples/lm_loss.py          # about 80 s on 2 CPU cores
+    .venv/bin/python examples/lm_loss.py          # about 35 s on 2 CPU cores
     .venv/bin/python examples/lm_loss.py --smoke  # small sizes, seconds
 
 It prints the XLA temp memory of one jitted training step both ways (compiled, not run), then
