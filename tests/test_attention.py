@@ -353,7 +353,7 @@ def test_errors_name_the_function_and_the_fix(heads):
         ((q, k, v), {"layout": "TBNH"}, r"layout must be 'BTNH' or 'BNTH'"),
         ((q, k, v[0]), {}, r"query, key and value must all be 4-D"),
         ((q, k, v), {"segment_ids": jnp.zeros((3, 36), jnp.int32)}, r"segment_ids has shape"),
-        ((q, k, v), {"mask": jnp.ones((2, 4, 36, 36))}, r"mask must be boolean or a callable"),
+        ((q, k, v), {"mask": jnp.ones((2, 4, 36, 36), jnp.complex64)}, r"mask must be boolean"),
         ((q, k, v), {"bias": jnp.ones((2, 3, 36, 36))}, r"bias of shape .* does not broadcast"),
     ]
     for args, kw, match in cases:

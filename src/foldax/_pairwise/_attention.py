@@ -1,6 +1,8 @@
 """``dot_product_attention``: ``jax.nn.dot_product_attention``'s call (batch, heads, grouped
-key / value heads, causal, windows, lengths, bias and mask arrays) as one pairwise softmax
-fold per head, plus packed-sequence ``segment_ids`` and index masks that skip what they remove.
+key / value heads, causal, windows, lengths, bias and mask arrays broadcast as ``jax.nn``
+broadcasts them) and Flax's ``attention_fn`` call, as one pairwise softmax fold per head, plus
+packed-sequence ``segment_ids``, a soft cap on the logits, and index masks (of the head too)
+that skip what they remove.
 
 The heads and the batch are ``vmap`` s over the fold (no copy of ``key`` / ``value`` per
 group of query heads); the masks close over each example's lengths and ids, so every example
@@ -9,6 +11,7 @@ skips its own blocks."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _eager
-from ._reduce import _mask_examples, reduce_pairs
+from ._reduce import reduce_pairs
 
 if TYPE_CHECKING:
     from jaxtyping import Array
@@ -30,24 +33,25 @@ def _fail(what, fix):
 
 
 def _shapes(query, key, value, layout):
-    """``(B or None, T, S, N, K, H)`` after checking that the shapes agree."""
+    """``(batch, T, S, N, K, H)`` after checking that the shapes agree; ``batch``: the shape
+    of the leading batch axes (``()`` without any)."""
     if layout not in ("BTNH", "BNTH"):
         _fail(f"layout must be 'BTNH' or 'BNTH', got {layout!r}", "pass one of them")
     ranks = {np.ndim(a) for a in (query, key, value)}
-    if len(ranks) != 1 or next(iter(ranks)) not in (3, 4):
+    if len(ranks) != 1 or next(iter(ranks)) < 3:
         shapes = ", ".join(str(np.shape(a)) for a in (query, key, value))
         _fail(
             f"query, key and value must all be 4-D ({layout}) or all 3-D (no batch), got {shapes}",
             "add or remove the batch axis so that they agree",
         )
-    batched = np.ndim(query) == 4
-    b = np.shape(query)[0] if batched else None
-    q, k, v = (np.shape(a)[1:] if batched else np.shape(a) for a in (query, key, value))
+    batch = tuple(np.shape(query)[:-3])
+    q, k, v = (tuple(np.shape(a)[-3:]) for a in (query, key, value))
     if layout == "BNTH":  # per example (N, T, H): read as (T, N, H)
         q, k, v = ((a[1], a[0], a[2]) for a in (q, k, v))
     (t, n, h), (s, kh, hk), (sv, kv, _) = q, k, v
-    if batched and not np.shape(query)[0] == np.shape(key)[0] == np.shape(value)[0]:
-        _fail("query, key and value have different batch sizes", "pass one batch size")
+    if not tuple(np.shape(query)[:-3]) == np.shape(key)[:-3] == np.shape(value)[:-3]:
+        shapes = ", ".join(str(np.shape(a)[:-3]) for a in (query, key, value))
+        _fail(f"query, key and value have different batch axes {shapes}", "pass one batch shape")
     if hk != h:
         _fail(f"key's head size {hk} is not query's {h}", "project both to one size")
     if (sv, kv) != (s, kh):
@@ -60,41 +64,86 @@ def _shapes(query, key, value, layout):
             f"query's {n} heads are not a multiple of key's {kh} heads",
             "pass K key / value heads that divide the N query heads (grouped-query attention)",
         )
-    return b, t, s, n, kh, h
+    return batch, t, s, n, kh, h
 
 
-def _batched(a, b, what, shape):
-    """``(a, axis)``: ``a`` of shape ``(B, *shape)`` (axis 0) or ``shape`` (shared: ``None``)."""
+def _batched(a, batch, what, shape):
+    """``(a, axis)``: ``a`` of shape ``(*batch, *shape)`` as ``(B, *shape)`` (axis 0), or
+    ``shape`` (shared: ``None``); unbatched (``batch = ()``), ``(1, *shape)`` as jax.nn takes
+    it is read as ``shape``."""
     if a is None:
         return None, None
     a = jnp.asarray(a)
-    if b is not None and a.shape == (b, *shape):
-        return a, 0
-    if a.shape == tuple(shape):
+    shape = tuple(shape)
+    if batch and a.shape == (*batch, *shape):
+        return a.reshape((math.prod(batch), *shape)), 0
+    if a.shape == shape:
         return a, None
-    want = f"{(b, *shape)} or {tuple(shape)}" if b is not None else f"{tuple(shape)}"
+    if not batch and a.shape == (1, *shape):
+        return a[0], None
+    want = f"{(*batch, *shape)} or {shape}" if batch else f"{shape}"
     _fail(f"{what} has shape {a.shape}", f"pass shape {want}")
 
 
-def _pairs_array(a, b, n, t, s, what):
-    """A bias / mask array broadcastable to ``(B, N, T, S)`` (``(N, T, S)`` unbatched) as
-    ``(a, batch axis, heads?)``: ``a`` of shape ``([B,] [N,] T, S)``, no axis broadcast to
-    its full size."""
+def _axis_names(batch):
+    """The names of the axes of ``(*batch, N, T, S)``, for messages."""
+    names = ("B",) if len(batch) == 1 else tuple(f"B{i}" for i in range(len(batch)))
+    return (*names, "N", "T", "S")
+
+
+def _pairs_array(a, batch, n, t, s, what):
+    """A bias / mask array that broadcasts to ``(*batch, N, T, S)`` as ``jax.nn``'s does
+    (leading axes added, then NumPy broadcasting), as ``(a, batch axis, heads?)``: ``a`` of
+    shape ``([B,] [N,] T or 1, S or 1)``; the batch and head axes kept only where they vary,
+    nothing broadcast to its full size (one batch axis: nothing copied)."""
     if a is None:
         return None, None, False
     a = jnp.asarray(a)
-    rank = 4 if b is not None else 3
-    full = (b, n, t, s) if b is not None else (n, t, s)
-    if a.ndim != rank or any(d not in (1, f) for d, f in zip(a.shape, full, strict=True)):
-        _fail(f"{what} of shape {a.shape} does not broadcast to {full}", f"pass shape {full}")
-    a = jnp.broadcast_to(a, (*a.shape[:-2], t, s))
+    given, full, names = a.shape, (*batch, n, t, s), _axis_names(batch)
+    extra = a.ndim - len(full)
+    if extra > 0 and all(d == 1 for d in a.shape[:extra]):  # jax.nn's (1, N, T, S) unbatched
+        a, extra = a.reshape(a.shape[extra:]), 0
+    padded = (1,) * max(-extra, 0) + a.shape
+    if extra > 0:
+        bad = [f"it has {len(given)} axes, at most {len(full)}"]
+    else:
+        pad = zip(names, full, padded, strict=True)
+        bad = [f"{name} = {f} where it has {d}" for name, f, d in pad if d not in (1, f)]
+    if bad:
+        _fail(
+            f"{what} of shape {given} does not broadcast to ({', '.join(names)}) = {full}: "
+            + ", ".join(bad),
+            f"pass a shape whose axes, aligned on the right, are 1 or those sizes "
+            f"(e.g. {(n, t, s)}, {(1, 1, s)} or {full})",
+        )
+    a = a.reshape(padded)
+    lead, rest = padded[: len(batch)], padded[len(batch) :]
     axis = None
-    if b is not None:
-        axis = 0 if a.shape[0] == b and b != 1 else None
-        a = a if axis == 0 else a[0]
-    heads = a.shape[-3] == n and n != 1
+    if batch and any(d != 1 for d in lead) and math.prod(batch) != 1:
+        a = jnp.broadcast_to(a, (*batch, *rest)).reshape((math.prod(batch), *rest))
+        axis = 0
+    else:
+        a = a.reshape(rest)
+    heads = rest[0] == n and n != 1
     a = a if heads else a[..., 0, :, :]
     return a, axis, heads
+
+
+def _at(a, i, j):
+    """``a[i, j]`` of a ``(T or 1, S or 1)`` array: a size-1 axis is read at 0."""
+    return a[i if a.shape[0] != 1 else 0, j if a.shape[1] != 1 else 0]
+
+
+def _takes_head(mask):
+    """Whether a mask callable is ``mask(h, t, s)`` (three positional parameters without
+    defaults) rather than ``mask(t, s)``."""
+    try:
+        params = inspect.signature(mask).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the common form
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is p.empty]
+    return len(required) == 3
 
 
 def _all(*masks):
@@ -124,58 +173,119 @@ def _index_masks(is_causal, window, q_len, kv_len, mask):
     )
 
 
-def _head(q, k, v, *, scale, mask, ids, bias, pairs, block_size, residual):
-    """One head: ``q (T, H)`` over ``k (S, H)``, ``v (S, Hv)``; ``bias`` / ``pairs`` (a
-    boolean array) ``(T, S)`` or ``None``. ``out (T, Hv)``, and ``lse (T,)`` with ``residual``."""
-    with_index = bias is not None  # the kernel reads the bias at the pair's indices
-    x = (q, jnp.arange(q.shape[0], dtype=jnp.int32)) if with_index else q
-    y = (k, v, jnp.arange(k.shape[0], dtype=jnp.int32)) if with_index else (k, v)
+def _logits(call, bias, with_index):
+    """``logit(a, b)`` of a query row ``a`` and a key row ``b`` (with their indices where
+    ``with_index``): scaled, the bias added, soft-capped, in float32 for half precision."""
+    scale, cap, precision = call["scale"], call["logits_soft_cap"], call["precision"]
 
-    def kernel(a, b):
+    def logit(a, b):
         qa = a[0] if with_index else a
         wide = jnp.dtype(qa.dtype).itemsize >= 4
         acc = qa.dtype if wide else jnp.float32  # half-precision logits in float32
-        logit = scale * jnp.dot(qa, b[0], preferred_element_type=acc)
-        if with_index:
-            logit = logit + bias[a[1], b[2]].astype(acc)
-        return logit, b[1]
+        z = scale * jnp.dot(qa, b[0], precision=precision, preferred_element_type=acc)
+        if bias is not None:
+            z = z + _at(bias, a[1], b[-1]).astype(acc)
+        if cap is not None:
+            z = cap * jnp.tanh(z / cap)
+        return z
 
-    keep = _all(mask, None if pairs is None else (lambda i, j: pairs[i, j]))
-    return reduce_pairs(
-        _NAME, kernel, x, y, reduction="softmax", k=None, block_size=block_size, mask=keep,
-        segment_ids=ids, axis_name=None, residual=residual,
+    return logit
+
+
+def _head(q, k, v, hid, bias, pairs, *, call, mask, ids, drop):
+    """One head (query head index ``hid``, or ``None``): ``q (T, H)`` over ``k (S, H)``,
+    ``v (S, Hv)``; ``bias`` / ``pairs`` (a boolean array) ``(T or 1, S or 1)`` or ``None``;
+    ``drop``: the dropout key of the example (and its index), or ``None``. ``out (T, Hv)``, and
+    ``lse (T,)`` with ``call["return_residual"]``."""
+    by_head = call["head_mask"]
+    keep = _all(
+        mask,
+        None if by_head is None else (lambda i, j: by_head(hid, i, j)),
+        None if pairs is None else (lambda i, j: _at(pairs, i, j)),
+    )
+    fold = functools.partial(
+        reduce_pairs, _NAME, k=None, block_size=call["block_size"], mask=keep, segment_ids=ids,
+        axis_name=None,
     )  # fmt: skip
+    if drop is not None:
+        return _dropout_head(q, k, v, hid, bias, call=call, fold=fold, drop=drop)
+    with_index = bias is not None  # the kernel reads the bias at the pair's indices
+    x = (q, jnp.arange(q.shape[0], dtype=jnp.int32)) if with_index else q
+    y = (k, v, jnp.arange(k.shape[0], dtype=jnp.int32)) if with_index else (k, v)
+    logit = _logits(call, bias, with_index)
+    kernel = lambda a, b: (logit(a, b), b[1])  # noqa: E731
+    return fold(kernel, x, y, reduction="softmax", residual=call["return_residual"])
 
 
-def _example(q, k, v, q_len, kv_len, ids, bias, pairs, *, call, h_ax, groups, b_heads, p_heads):
+def _dropout_head(q, k, v, hid, bias, *, call, fold, drop):
+    """One head with dropout on its attention weights: ``softmax(logits) * keep / (1 - rate)``
+    times the values, as two folds of the same logits. The keep mask of a pair is a hash of the
+    key and the pair's indices (``fold_in`` of the row's key with the column's index): drawn per
+    tile, never stored, the same in every pass and for every tiling.
+
+    ``out_t = (1 / (1 - rate)) sum_{s kept} p_ts v_s = exp(lse_kept_t - lse_t) / (1 - rate)
+    * softmax_kept(v)_t``: the softmax over the kept pairs (dropped ones get the logit -inf)
+    rescaled by the share of the row's weight they hold; ``lse_t`` of every pair is the second
+    fold."""
+    rate, broadcast = call["dropout"]
+    key, example = drop
+    if not broadcast:  # a mask per example and head
+        key = jax.random.fold_in(jax.random.fold_in(key, example), hid)
+    t_idx = jnp.arange(q.shape[0], dtype=jnp.int32)
+    s_idx = jnp.arange(k.shape[0], dtype=jnp.int32)
+    impl = jax.random.key_impl(key)
+    rows = jax.random.key_data(jax.vmap(lambda t: jax.random.fold_in(key, t))(t_idx))
+    logit = _logits(call, bias, True)
+    threshold = np.uint32(min(round(rate * 2.0**32), 2**32 - 1))
+
+    def kept(a, b):
+        bits = jax.random.key_data(
+            jax.random.fold_in(jax.random.wrap_key_data(a[2], impl=impl), b[-1])
+        ).reshape(-1)[0]
+        z = logit(a, b)
+        return jnp.where(bits >= threshold, z, jnp.asarray(-np.inf, z.dtype)), b[1]
+
+    out, lse_kept = fold(kept, (q, t_idx, rows), (k, v, s_idx), reduction="softmax", residual=True)
+    lse = fold(logit, (q, t_idx), (k, s_idx), reduction="logsumexp")
+    gap = jnp.where(lse > -np.inf, lse_kept - lse, -np.inf)
+    factor = jnp.exp(gap) / (1.0 - rate)
+    out = out * factor[:, None].astype(out.dtype)
+    return (out, lse) if call["return_residual"] else out
+
+
+def _example(
+    q, k, v, q_len, kv_len, ids, bias, pairs, drop, *, call, h_ax, groups, b_heads, p_heads
+):
     """One example (no batch axis; heads on ``h_ax``): every head, grouped query heads sharing
     their key / value head (``vmap`` s, nothing copied)."""
     mask = _index_masks(call["is_causal"], call["local_window_size"], q_len, kv_len, call["mask"])
     kh = k.shape[h_ax]
     qg = q.reshape((*q.shape[:h_ax], kh, groups, *q.shape[h_ax + 1 :]))
+    # the query heads' indices, for a mask of the head or a dropout mask per head (nothing to
+    # carry otherwise)
+    hids = jnp.arange(kh * groups, dtype=jnp.int32).reshape(kh, groups)
+    per_head = call["dropout"] is not None and not call["dropout"][1]
+    hids = hids if call["head_mask"] is not None or per_head else None
 
     def split(a, on):  # (N, T, S) -> (K, G, T, S); shared by every head: as it is
         return a.reshape((kh, groups, *a.shape[1:])) if a is not None and on else a
 
     bias_g, pairs_g = split(bias, b_heads), split(pairs, p_heads)
-    head = lambda qh, kk, vk, bh, ph: _head(  # noqa: E731
-        qh, kk, vk, scale=call["scale"], mask=mask, ids=ids, bias=bh, pairs=ph,
-        block_size=call["block_size"], residual=call["return_residual"],
-    )  # fmt: skip
+    head = functools.partial(_head, call=call, mask=mask, ids=ids, drop=drop)
     over = lambda on: 0 if on else None  # noqa: E731
+    shared = (over(hids is not None), over(b_heads), over(p_heads))
 
-    def kv_head(qk, kk, vk, bk, pk):
-        shared = (None, None, over(b_heads), over(p_heads))
-        return jax.vmap(head, (h_ax, *shared), out_axes=h_ax)(qk, kk, vk, bk, pk)
+    def kv_head(qk, kk, vk, hk, bk, pk):
+        return jax.vmap(head, (h_ax, None, None, *shared), out_axes=h_ax)(qk, kk, vk, hk, bk, pk)
 
-    axes = (h_ax, h_ax, h_ax, over(b_heads), over(p_heads))
-    out = jax.vmap(kv_head, axes, out_axes=h_ax)(qg, k, v, bias_g, pairs_g)
+    axes = (h_ax, h_ax, h_ax, *shared)
+    out = jax.vmap(kv_head, axes, out_axes=h_ax)(qg, k, v, hids, bias_g, pairs_g)
     heads = kh * groups  # (K, G) -> N; spelled out: -1 is ambiguous for empty sequences
     merge = lambda a: a.reshape((*a.shape[:h_ax], heads, *a.shape[h_ax + 2 :]))  # noqa: E731
     return jax.tree.map(merge, out)
 
 
-def _segment_ids(segment_ids, b, t, s):
+def _segment_ids(segment_ids, batch, t, s):
     """``(ids, axis)``: the per-example ids (one array or a pair) and their batch axis."""
     if segment_ids is None:
         return None, None
@@ -183,11 +293,11 @@ def _segment_ids(segment_ids, b, t, s):
         if len(segment_ids) != 2:
             _fail(f"segment_ids has {len(segment_ids)} parts", "pass one array or a pair")
         (iq, aq), (ik, ak) = (
-            _batched(a, b, f"segment_ids[{n}]", (r,))
+            _batched(a, batch, f"segment_ids[{n}]", (r,))
             for n, a, r in ((0, segment_ids[0], t), (1, segment_ids[1], s))
         )
         if aq != ak:
-            iq, ik = (jnp.broadcast_to(a, (b, a.shape[-1])) for a in (iq, ik))
+            iq, ik = (jnp.broadcast_to(a, (math.prod(batch), a.shape[-1])) for a in (iq, ik))
             aq = 0
         return (iq, ik), aq
     if t != s:
@@ -195,15 +305,89 @@ def _segment_ids(segment_ids, b, t, s):
             f"one segment_ids array needs as many queries as keys, got T = {t}, S = {s}",
             "pass a pair (query ids (B, T), key ids (B, S))",
         )
-    return _batched(segment_ids, b, "segment_ids", (t,))
+    return _batched(segment_ids, batch, "segment_ids", (t,))
+
+
+def _mask_array(mask):
+    """An array ``mask`` as booleans (Flax's convention for numbers: nonzero keeps)."""
+    if mask is None or callable(mask):
+        return None
+    mask = jnp.asarray(mask)
+    if mask.dtype == jnp.bool_:
+        return mask
+    if not any(jnp.issubdtype(mask.dtype, kind) for kind in (jnp.integer, jnp.floating)):
+        _fail(
+            f"mask must be boolean, numbers (nonzero keeps) or a callable, got {mask.dtype}",
+            "pass a boolean array, or bias= for additive masks",
+        )
+    return mask != 0
+
+
+def _check_options(dropout_rate, deterministic, module, implementation, cap):
+    """Refuse what Flax's or ``jax.nn``'s options ask for and this function cannot do, and a
+    soft cap that is not a positive number."""
+    if cap is not None and not (isinstance(cap, int | float) and cap > 0):
+        _fail(f"logits_soft_cap must be a positive number, got {cap!r}", "pass a cap > 0 or None")
+    if implementation not in (None, "xla", "cudnn"):
+        _fail(
+            f"implementation must be None, 'xla' or 'cudnn', got {implementation!r}",
+            "leave it out (the fold is the same on every backend)",
+        )
+    if not (isinstance(dropout_rate, int | float) and 0 <= dropout_rate < 1):
+        _fail(
+            f"dropout_rate must be a number in [0, 1), got {dropout_rate!r}",
+            "pass the share of attention weights to drop, e.g. 0.1",
+        )
+    if module is not None:
+        _fail(
+            "a module was passed to sow the attention weights, which are never formed",
+            "call the module with sow_weights=False (or use Flax's attention_fn to inspect them)",
+        )
+
+
+def _dropout(rate, deterministic, rng, broadcast, batch):
+    """``(call entry, drop, drop's batch axes)`` of Flax's dropout options: ``(rate,
+    broadcast)`` and ``(key, example index)`` where dropout applies, else ``None`` s."""
+    if deterministic or rate == 0:
+        return None, None, None
+    if rng is None:
+        _fail(
+            f"dropout_rate={rate} without deterministic=True needs dropout_rng",
+            "pass a key (dropout_rng=jax.random.key(0)), or deterministic=True",
+        )
+    rng = rng if isinstance(rng, jax.Array) else jnp.asarray(rng)
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        if rng.dtype != jnp.uint32 or rng.ndim != 1:
+            _fail(
+                f"dropout_rng must be a PRNG key, got {rng.dtype}{list(rng.shape)}",
+                "pass jax.random.key(seed) or jax.random.PRNGKey(seed)",
+            )
+        rng = jax.random.wrap_key_data(rng)
+    if rng.ndim:
+        _fail(f"dropout_rng must be one key, got shape {rng.shape}", "pass a single key")
+    examples = jnp.arange(math.prod(batch), dtype=jnp.int32) if batch else jnp.int32(0)
+    return (float(rate), bool(broadcast)), (rng, examples), (None, 0 if batch else None)
+
+
+def _mask_examples(arguments):
+    """What ``mask`` is traced on: two or three (with the head) int32 indices."""
+    return (jax.ShapeDtypeStruct((), jnp.int32),) * (3 if _takes_head(arguments["mask"]) else 2)
+
+
+def _mask_replay(closed, consts):
+    """The cached trace of ``mask``, called as the user's was (with or without the head)."""
+    run = functools.partial(closed, consts)
+    if closed.in_tree.num_leaves == 3:
+        return lambda h, t, s: run(h, t, s)
+    return lambda t, s: run(t, s)
 
 
 _eager_call = _eager.cached(
     dynamic=(
         "query", "key", "value", "bias", "mask", "query_seq_lengths",
-        "key_value_seq_lengths", "segment_ids",
+        "key_value_seq_lengths", "segment_ids", "dropout_rng",
     ),
-    hoist={"mask": _eager.Hoist(_mask_examples)},
+    hoist={"mask": _eager.Hoist(_mask_examples, _mask_replay)},
 )  # fmt: skip
 
 
@@ -220,47 +404,94 @@ def dot_product_attention(
     query_seq_lengths: Any = None,
     key_value_seq_lengths: Any = None,
     local_window_size: int | tuple[int, int] | None = None,
-    segment_ids: Any = None,
+    implementation: str | None = None,
     return_residual: bool = False,
+    residual_gradient: bool = False,
+    logits_soft_cap: float | None = None,
+    segment_ids: Any = None,
     layout: str = "BTNH",
     block_size: int | tuple[int, int] | None = None,
+    dtype: Any = None,
+    precision: Any = None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = False,
+    dropout_rng: Any = None,
+    broadcast_dropout: bool = True,
+    module: Any = None,
 ) -> Array | tuple[Array, Array]:
-    r"""Scaled dot-product attention, called as ``jax.nn.dot_product_attention``, without the
-    ``(T, S)`` matrix of logits and skipping the blocks of pairs its masks remove.
+    r"""Scaled dot-product attention, called as ``jax.nn.dot_product_attention`` (or as Flax's
+    ``attention_fn``), without the ``(T, S)`` matrix of logits and skipping the blocks of pairs
+    its masks remove.
+
+    With Flax, pass ``attention_fn=foldax.dot_product_attention`` to
+    ``nn.MultiHeadDotProductAttention`` or ``nnx.MultiHeadAttention``: its masks, batch axes and
+    keywords are taken as Flax's own attention takes them, dropout included; sowing the
+    attention weights is refused (they are never formed).
 
     .. math::
-       \mathrm{out}_{t} = \sum_{s} \mathrm{softmax}_s\big(\mathrm{scale}\; q_t \cdot k_s
-       + \mathrm{bias}_{ts}\big)\, v_s \quad\text{over the pairs } (t, s) \text{ kept}
+       \mathrm{out}_{t} = \sum_{s} \mathrm{softmax}_s\big(\mathrm{cap}(\mathrm{scale}\;
+       q_t \cdot k_s + \mathrm{bias}_{ts})\big)\, v_s \quad\text{over the pairs } (t, s)
+       \text{ kept}
 
     Args:
       query: ``(B, T, N, H)`` (``layout="BTNH"``, as ``jax.nn``), ``(B, N, T, H)``
-        (``"BNTH"``), or either without ``B``.
+        (``"BNTH"``), either without ``B``, or with several leading batch axes
+        ``(B1, B2, ..., T, N, H)`` (as Flax passes them; then ``B`` below stands for all of
+        them, in the lengths, the ids, the masks, the bias and the outputs alike).
       key: ``(B, S, K, H)`` (or as ``query``'s layout); ``K`` divides ``N``: grouped-query
         attention (``K = 1``: multi-query), each group of ``N / K`` query heads reads one
         key / value head (no copy is made).
       value: ``(B, S, K, Hv)``, like ``key``.
-      bias: optional array broadcastable to ``(B, N, T, S)`` added to the logits (its
-        gradient is returned too). An array of pairs: use it where the bias is data.
-      mask: optional boolean array broadcastable to ``(B, N, T, S)`` (``True``: take part),
-        or a callable ``mask(t, s) -> bool`` of the indices of a query and a key (see
-        :func:`foldax.pairwise_reduce`; it may close over traced arrays). An index mask
-        whose formula bounds on a block skips blocks without looking at their pairs; an
-        array is read at every pair.
+      bias: optional array added to the logits, broadcastable to ``(B, N, T, S)`` as in
+        ``jax.nn``: leading axes of size 1 are added, then NumPy broadcasting applies, so
+        ``(S,)``, ``(T, S)``, ``(N, T, S)``, ``(B, 1, 1, S)``... all work (in ``"BNTH"`` too;
+        the axes are always in this order). Its gradient is returned too. A bias shared by
+        every example or head is never copied per example or head.
+      mask: optional array broadcastable like ``bias`` (``True``, or for numbers as Flax's
+        ``nn.make_attention_mask`` makes them, nonzero: take part; an additive ``0 / -inf``
+        mask goes in ``bias``), or a callable of the indices of a query and a key,
+        ``mask(t, s) -> bool``, or of the query head too, ``mask(h, t, s) -> bool`` (``h``
+        the query head's index in ``[0, N)``; the two are told apart by their number of
+        positional parameters without defaults). A callable may close over traced arrays (see
+        :func:`foldax.pairwise_reduce`); an index mask whose formula bounds on a block skips
+        blocks without looking at their pairs; an array is read at every pair.
       scale: the logits' scale (default ``1 / sqrt(H)``). Static.
       is_causal: keep ``s <= t``. Static.
       query_seq_lengths: optional ``(B,)`` ints: queries ``t >= length`` get 0.
       key_value_seq_lengths: optional ``(B,)`` ints: keys ``s >= length`` take no part.
       local_window_size: optional ``w`` or ``(left, right)``: keep ``t - left <= s <= t +
         right``. Static.
+      implementation: ``jax.nn``'s choice of backend, accepted (``None``, ``"xla"`` or
+        ``"cudnn"``) and not used: the fold is the same everywhere.
+      return_residual: also return the log-sum-exp of each query's kept logits (to combine
+        partial results, as blockwise and ring attention do). Static.
+      residual_gradient: differentiate through the log-sum-exp. By default it is a
+        ``stop_gradient`` ed value, as ``jax.nn`` returns it; pass ``True`` where a loss
+        reads it (combining partial attentions, whose weights depend on it). Static.
+      logits_soft_cap: optional ``cap``: the logits (scaled, bias added) become
+        ``cap * tanh(logits / cap)`` before masking and softmax (Gemma 2's soft cap). Static.
       segment_ids: optional ``(B, T)`` ints when ``T = S`` (packed sequences: each token
         attends within its document), or a pair ``((B, T), (B, S))`` of query and key ids:
         keep pairs with equal ids. With sorted ids, whole blocks across documents are skipped,
         listed from each block's range of ids.
-      return_residual: also return the log-sum-exp of each query's kept logits (to combine
-        partial results, as blockwise and ring attention do). Static.
       layout: ``"BTNH"`` or ``"BNTH"``. Static.
       block_size: static ``int`` or ``(bt, bs)``: queries and keys per tile (default: from
         the memory budget, see :func:`foldax.memory_budget`).
+      dtype: Flax's: ``query``, ``key`` and ``value`` are cast to it (``None``: as given).
+      precision: the precision of the logits' products (``jax.lax.Precision``), as Flax's.
+      dropout_rate: Flax's: the share of attention weights dropped, ``0 <= rate < 1``; the
+        kept ones are divided by ``1 - rate``. Static. Each pair's keep bit is a hash of
+        ``dropout_rng`` and the pair's indices, drawn per tile (never stored, the same in the
+        backward pass and for every ``block_size``); the bits are not those Flax draws. The
+        output takes two folds of the logits (the softmax over the kept pairs and the
+        log-sum-exp over all), about 1.5 times the work without dropout.
+      deterministic: Flax's: no dropout when ``True``. Static.
+      dropout_rng: a PRNG key (``jax.random.key`` or a raw ``PRNGKey``), needed when dropout
+        applies.
+      broadcast_dropout: Flax's: one keep mask shared by every example and head (``True``) or
+        one per example and head. Static.
+      module: Flax's module to sow the attention weights into; the weights are never formed,
+        so it must be ``None`` (``sow_weights=False``).
 
     Returns:
       ``out`` of ``query``'s shape with ``value``'s head size and dtype; with
@@ -280,32 +511,46 @@ def dot_product_attention(
       >>> out = foldax.dot_product_attention(q, k, v, is_causal=True, segment_ids=docs)
       >>> out.shape
       (2, 8, 4, 16)
+      >>> per_head = lambda h, t, s: s > t - 2 * (h + 1)  # a window per head
+      >>> foldax.dot_product_attention(q, k, v, mask=per_head, is_causal=True).shape
+      (2, 8, 4, 16)
     """
-    b, t, s, n, kh, h = _shapes(query, key, value, layout)
+    _check_options(dropout_rate, deterministic, module, implementation, logits_soft_cap)
+    if dtype is not None:
+        query, key, value = (jnp.asarray(a, dtype) for a in (query, key, value))
+    batch, t, s, n, kh, h = _shapes(query, key, value, layout)
+    takes_head = callable(mask) and _takes_head(mask)
     call = dict(
         scale=1.0 / math.sqrt(h) if scale is None and h else 1.0 if scale is None else scale,
         is_causal=bool(is_causal),
         local_window_size=local_window_size,
-        mask=mask if callable(mask) else None,
+        mask=mask if callable(mask) and not takes_head else None,
+        head_mask=mask if takes_head else None,
         block_size=block_size,
         return_residual=bool(return_residual),
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        precision=precision,
     )
-    pairs = None if mask is None or callable(mask) else jnp.asarray(mask)
-    if pairs is not None and pairs.dtype != jnp.bool_:
-        _fail(
-            f"mask must be boolean or a callable, got {pairs.dtype}",
-            "pass bias= for additive masks",
-        )
-    bias, b_ax, b_heads = _pairs_array(bias, b, n, t, s, "bias")
-    pairs, p_ax, p_heads = _pairs_array(pairs, b, n, t, s, "mask")
-    q_len, ql_ax = _batched(query_seq_lengths, b, "query_seq_lengths", ())
-    kv_len, kl_ax = _batched(key_value_seq_lengths, b, "key_value_seq_lengths", ())
-    ids, id_ax = _segment_ids(segment_ids, b, t, s)
+    call["dropout"], drop, drop_ax = _dropout(
+        dropout_rate, deterministic, dropout_rng, broadcast_dropout, batch
+    )
+    bias, b_ax, b_heads = _pairs_array(bias, batch, n, t, s, "bias")
+    pairs, p_ax, p_heads = _pairs_array(_mask_array(mask), batch, n, t, s, "mask")
+    q_len, ql_ax = _batched(query_seq_lengths, batch, "query_seq_lengths", ())
+    kv_len, kl_ax = _batched(key_value_seq_lengths, batch, "key_value_seq_lengths", ())
+    ids, id_ax = _segment_ids(segment_ids, batch, t, s)
     one = functools.partial(
         _example, call=call, h_ax=1 if layout == "BTNH" else 0, groups=n // kh,
         b_heads=b_heads, p_heads=p_heads,
     )  # fmt: skip
-    args = (query, key, value, q_len, kv_len, ids, bias, pairs)
-    if b is None:
-        return one(*args)
-    return jax.vmap(one, (0, 0, 0, ql_ax, kl_ax, id_ax, b_ax, p_ax))(*args)
+    flat = lambda a: a.reshape((math.prod(batch), *a.shape[len(batch) :]))  # noqa: E731
+    args = (query, key, value) if len(batch) < 2 else tuple(map(flat, (query, key, value)))
+    args = (*map(jnp.asarray, args), q_len, kv_len, ids, bias, pairs, drop)
+    if not batch:
+        out = one(*args)
+    else:
+        out = jax.vmap(one, (0, 0, 0, ql_ax, kl_ax, id_ax, b_ax, p_ax, drop_ax))(*args)
+        out = jax.tree.map(lambda a: a.reshape((*batch, *a.shape[1:])), out)
+    if return_residual and not residual_gradient:
+        out = (out[0], jax.lax.stop_gradient(out[1]))
+    return out

@@ -76,7 +76,12 @@ def pairwise_reduce(
         any float dtypes: mixed precision is fine); for ``reduction="logsumexp"`` it may return
         a pair ``(logit, weight)`` (weights ``>= 0``): ``log sum_j w_ij exp(logit_ij)``. It may
         close over arrays; gradients flow to them. A random draw needs its own key per pair
-        (fold both row indices in, passing ``jnp.arange`` with ``x`` and ``y``).
+        (fold both row indices in, passing ``jnp.arange`` with ``x`` and ``y``). The kernel's
+        output dtype is the values' dtype: with half-precision rows, ``jnp.dot(a, b)`` rounds
+        each logit to bfloat16 / float16 before it is reduced, and the result is half
+        precision too; ``jnp.dot(a, b, preferred_element_type=jnp.float32)`` keeps the logits,
+        the states and the result in float32. States of half-precision values are float32
+        either way, and derivative folds sum half-precision cotangents in float32.
       x: array or pytree of arrays with leading axis ``M`` (the rows that are kept).
       y: array or pytree of arrays with leading axis ``N`` (the rows reduced over).
       reduction: ``"sum"``, ``"logsumexp"``, ``"max"``, ``"min"``, ``"argmax"``, ``"argmin"``,
