@@ -37,11 +37,16 @@ def with_foldax(n):
     return _step(foldax.cauchy), _args(n)
 
 
+#: ``foldax audit``'s sizes for these targets when ``--sizes`` is not given: the naive step's
+#: (H, L, N) buffers reach 1.1 GB at N = 512, and foldax's folds take several steps at each.
+AUDIT_SIZES = (64, 256, 512)
+
+
 if __name__ == "__main__":  # python examples/audit_s4.py [--smoke]: the scaling table, small sizes
     import sys
 
     from foldax.memory import scaling
 
-    sizes = [8, 16] if "--smoke" in sys.argv else [64, 256, 512]
+    sizes = [8, 16] if "--smoke" in sys.argv else AUDIT_SIZES
     for make in (naive, with_foldax):
         print(scaling(make, sizes, name="N"))

@@ -15,8 +15,8 @@ chunk by chunk from the edges' endpoints (tuple data ``(senders, alpha)``): the 
 messages never exist, forward or backward; only the ``(E, H)`` attention weights do.
 
 The script checks the layer's output and its parameters' gradient against the ``jax.ops`` way
-(and ``jraph.segment_softmax``, where jraph is installed: ``pip install jraph``; optional), then
-prints XLA temp memory (``foldax.memory``) and time (compiled, after warm-up, the ways in
+(and ``jraph.segment_softmax``, where jraph is installed: the ``examples`` extra brings it),
+then prints XLA temp memory (``foldax.memory``) and time (compiled, after warm-up, the ways in
 turns, median of repeats) of the forward pass and of the gradient.
 
 Measured with ``python examples/graph_attention.py`` (about 60 s on 2 CPU cores, shared with
@@ -169,7 +169,8 @@ def main(argv=None):
     if args.smoke:
         v, e, heads, feat, repeats = 500, 5_000, 2, 8, 2
     print(f"GAT layer, V = {v:,} nodes, E = {e:,} edges, H = {heads} heads of F = {feat}")
-    print(f"jraph: {'installed' if HAS_JRAPH else 'not installed (pip install jraph)'}")
+    missing = "not installed (pip install -e '.[examples]')"
+    print(f"jraph: {'installed' if HAS_JRAPH else missing}")
     graph = make_graph(v, e, feat)
     params = init_params(jax.random.key(0), feat, heads, feat)
     args = (params, *graph)

@@ -16,7 +16,7 @@ pairwise fold too; the iterations are not unrolled, so memory does not grow with
 
 The script checks the foldax cost and gradient against the same algorithm written densely in plain
 JAX, against that dense solver differentiated by unrolling every iteration, and, where OTT-JAX is
-installed (``pip install ott-jax``; optional), against its dense ``PointCloud`` solver. It then
+installed (the ``examples`` extra brings it), against its dense ``PointCloud`` solver. It then
 prints XLA temp memory of the cost and its gradient (``foldax.memory``; compile-only), computes
 them at n = m = 10,000 with foldax, and times one Sinkhorn iteration, foldax against dense.
 
@@ -180,12 +180,15 @@ def check(n, eps, iters):
 
 
 def memory(n, eps, iters):
-    """XLA temp bytes of the cost and its gradient at ``n = m`` (compile-only)."""
+    """XLA temp bytes of the cost and its gradient at ``n = m`` (compile-only): printed, and
+    returned as ``{label: bytes}``."""
     pts = jax.ShapeDtypeStruct((n, 3), jnp.float32)
     print(f"XLA temp memory of the cost and its gradient, n = m = {n:,} (compile-only):")
+    figures = {}
     for label, cost in ways(eps, iters, unrolled=False).items():
-        temp = report_from_compiled(compile_grad(cost, pts, pts)).temp_bytes
+        temp = figures[label] = report_from_compiled(compile_grad(cost, pts, pts)).temp_bytes
         print(f"  {label:26s} {format_bytes(temp):>9s}")
+    return figures
 
 
 def solve(n, eps, iters):
@@ -233,7 +236,8 @@ def main(argv=None):
     check_n, mem_ns, time_n, repeats = 1_000, (10_000, 100_000), 10_000, 5
     if args.smoke:
         check_n, mem_ns, time_n, repeats = 300, (), 1_000, 2
-    print(f"OTT-JAX: {'installed' if HAS_OTT else 'not installed (pip install ott-jax)'}")
+    missing = "not installed (pip install -e '.[examples]')"
+    print(f"OTT-JAX: {'installed' if HAS_OTT else missing}")
     ok = check(check_n, args.eps, args.iters)
     for n in mem_ns:
         memory(n, args.eps, args.iters)

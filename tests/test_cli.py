@@ -1,5 +1,6 @@
 """The console entry points: `foldax demo`, `foldax audit`, `foldax bench`, `python -m foldax`."""
 
+import re
 import subprocess
 import sys
 
@@ -42,9 +43,69 @@ def test_demo_runs_end_to_end():
     assert len(rows) == 2, out
     for row in rows:
         assert float(row[-1]) < 1e-4, out  # max relative error against float64
+    assert "foldax gradient, against the global-max segment_sum way: " in out
     assert "less temp memory" in out
     assert " in 16 segments of unequal sizes" in out
     assert "time / global-max" in out and "(< 1: faster)" in out
+    # what each way is, then one numbered line per step with the seconds it took
+    assert "slicing loop            f of every row, then a Python loop" in out, out
+    steps = re.findall(r"^  \[(\d+)/7\] (.+) \.\.\. \d+\.\d s$", out, re.M)
+    assert [int(i) for i, _ in steps] == list(range(1, 8)), out
+    assert steps[0][1] == "the float64 NumPy reference" and steps[-1][1] == "foldax gradient"
+
+
+def test_demo_says_what_each_way_is():
+    from foldax._tools import demo
+    from foldax._tools import workloads as w
+
+    assert tuple(demo.RAGGED_WAYS) == w.DEMO_WAYS
+    assert tuple(demo.S4_WAYS) == tuple(w.S4_WAYS)
+
+
+def test_demo_s4_counts_its_steps_and_sums_up_the_memory(monkeypatch, capsys):
+    """`foldax demo s4` numbers its steps, times each, and ends with how many times less temp
+    memory foldax.cauchy needs at each N (the measurement itself replaced by fixed figures)."""
+    import argparse
+
+    from foldax._tools import demo
+    from foldax._tools import workloads as w
+
+    temps = {"naive broadcast": 1000, "nested vmap": 1000, "foldax.cauchy": 10}
+
+    def fake_measure(ns, repeats, progress):
+        rows = []
+        for n in ns:
+            progress(f"N={n}: complex128 reference")
+            for way in w.S4_WAYS:
+                for p in ("forward", "gradient"):
+                    progress(f"N={n}: {way} {p}")
+                    temp = temps[way] * n * (2 if p == "gradient" else 1)
+                    rows.append(
+                        dict(n=n, way=way, pass_=p, temp_bytes=temp, seconds=0.01, rel_err=1e-7)
+                    )
+        return rows
+
+    monkeypatch.setattr(w, "measure_s4", fake_measure)
+    monkeypatch.setattr(demo, "S4_NS", (64, 512))
+    demo.demo_s4(argparse.Namespace(repeats=2))
+    out = capsys.readouterr().out
+    assert "median of 2 runs" in out and "naive broadcast  v[:, None, :]" in out, out
+    steps = re.findall(r"^  \[(\d+)/14\] .+ \.\.\. \d+\.\d s$", out, re.M)
+    assert len(steps) == 14, out
+    assert (
+        "foldax.cauchy gradient, against the naive broadcast: N = 64: 100x less temp memory "
+        "(1.3 KB against 128.0 KB); N = 512: 100x less temp memory (10.2 KB against 1.0 MB)."
+    ) in out, out
+
+
+def test_less_memory_text():
+    from foldax._tools.demo import _less
+
+    assert _less(92_700_000, 993_800) == "93x less temp memory (993.8 KB against 92.7 MB)"
+    assert _less(2_800_000, 1_800_000).startswith("1.6x less temp memory")
+    assert _less(1000, 2000).startswith("2.0x more temp memory")
+    assert _less(0, 0) == "the same temp memory (0 B)"
+    assert _less(1000, 0) == "no temp memory (against 1.0 KB)"
 
 
 @pytest.mark.slow
@@ -104,6 +165,8 @@ def targets(tmp_path):
     path = tmp_path / "targets.py"
     path.write_text(MAKE_TARGETS)
     (tmp_path / "broken.py").write_text("x = (\n")
+    (tmp_path / "sized.py").write_text(MAKE_TARGETS + "\nAUDIT_SIZES = (8, 16)\n")
+    (tmp_path / "bad_sizes.py").write_text(MAKE_TARGETS + "\nAUDIT_SIZES = [8]\n")
     return tmp_path
 
 
@@ -123,6 +186,9 @@ def targets(tmp_path):
         (["T/targets.py:nothere"], "has no function 'nothere' (it has: bad_program, good"),
         (["T/missing.py:f"], "no such file"),
         (["T/targets.py"], "expected path/to/file.py:function"),
+        (["T/targets.py"], "name the function, one of: bad_program, good, not_a_pair, raises"),
+        (["T/targets.py:"], "name the function, one of: bad_program, good"),
+        (["T/bad_sizes.py:good"], "AUDIT_SIZES in T/bad_sizes.py needs at least two sizes"),
         (["T/broken.py:f"], "importing T/broken.py failed: SyntaxError"),
     ],
 )
@@ -138,6 +204,24 @@ def test_audit_user_errors_are_one_line(targets, argv, message, capsys):
 def test_audit_runs_a_good_target(targets, capsys):
     assert _cli.main(["audit", f"{targets}/targets.py:good", "--sizes", "8,16"]) == 0
     assert "fitted exponent" in capsys.readouterr().out
+
+
+def test_audit_takes_the_targets_own_sizes(targets, capsys):
+    """A file's AUDIT_SIZES are its default --sizes (examples/audit_s4.py sets sizes its naive
+    step can hold); --sizes still wins."""
+    assert _cli.main(["audit", f"{targets}/sized.py:good"]) == 0
+    assert "against N: N=8: " in capsys.readouterr().out
+    assert _cli.main(["audit", f"{targets}/sized.py:good", "--sizes", "4,32"]) == 0
+    assert "against N: N=4: " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_audit_of_the_s4_example_fits_its_default_sizes(capsys):
+    """`foldax audit examples/audit_s4.py:naive`, as the help suggests, with no --sizes: the
+    naive step at N = 64 to 512 (1.1 GB buffers), not at a million poles (terabytes)."""
+    assert _cli.main(["audit", "examples/audit_s4.py:naive", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "against N: N=64: " in out and "N=512: 3.3 GB" in out and " TB" not in out, out
 
 
 @pytest.mark.slow

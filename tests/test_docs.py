@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import zlib
 from pathlib import Path
 
+import jax
 import pytest
 
 import foldax
@@ -186,11 +187,25 @@ def test_quoted_audit_lines_are_current():
     finally:
         sys.path.remove(str(DOCS))
     old = regen.DOC.read_text()
-    stale = regen.refs(old) - regen.refs(regen.regenerate(old))
+    new = regen.regenerate(old)
+    stale = regen.refs(old) - regen.refs(new)
     assert not stale, f"stale line numbers {sorted(stale)}: run python docs/regen_memory_audit.py"
     for doc in DOCS.glob("*.md"):
         if doc != regen.DOC:
             assert not regen.refs(doc.read_text()), f"{doc.name} quotes a line number"
+    if (jax.__version__, jax.default_backend()) == ("0.10.2", "cpu"):  # where they were made
+        assert new == old, "stale figures in memory-audit.md: run python docs/regen_memory_audit.py"
+        # the prose's figures: the foldax S4 step's temp total against its temp live at the peak,
+        # and the naive step's largest buffers
+        block = new[new.index("audit_s4.py:with_foldax") :]
+        total = re.search(r"XLA's totals: temp ([\d.]+ [KMG]?B)", block).group(1)
+        peak = re.search(r"live at the peak: [\d.]+ [KMG]?B \(temp ([\d.]+ [KMG]?B)", block).group(
+            1
+        )
+        assert f"{total} against {peak}" in old, (total, peak)
+        naive = new[new.index("audit_s4.py:naive") :]
+        largest = re.search(r"^([\d.]+ [KMG]?B) +temp +c64\[256,1024,512\]", naive, re.M).group(1)
+        assert f"The three {largest} buffers of shape `(256, 1024, 512)`" in old, largest
 
 
 #: Words from how foldax came about, which mean nothing to a user.

@@ -4,8 +4,9 @@ Run from anywhere, with the checkout's virtual environment, one heavy job on the
 
     .venv/bin/python dev/timings/measure.py                          # every entry (half an hour on 2 CPU cores)
     .venv/bin/python dev/timings/measure.py --only examples/flax_s4.py   # one entry (repeatable)
-    .venv/bin/python dev/timings/measure.py --skip "foldax demo all"     # all but these (repeatable)
+    .venv/bin/python dev/timings/measure.py --skip "foldax demo s4"      # all but these (repeatable)
     .venv/bin/python dev/timings/measure.py --runs 3 --only KEY       # the fastest of 3 runs
+    .venv/bin/python dev/timings/measure.py --busy --only KEY         # its time on a busy machine
     .venv/bin/python dev/timings/measure.py --list                   # keys, commands, the texts
 
 docs/timings.json holds one entry per timed thing, keyed by a name: ``command`` (run from the
@@ -17,7 +18,9 @@ entry's ref followed by the flag, e.g. ``--smoke``), and what a measurement writ
 less than the cores times ``seconds`` means it waited for other jobs), ``date`` and ``machine``
 (cores, CPU, the load average before the run, versions), and ``runs`` when the time is the
 fastest of several (``--runs``: on a machine shared with other jobs, the fastest run is the one
-that waited least). An entry with
+that waited least). ``busy`` holds the same fields for a run on a machine shared with other jobs
+(``--busy``); an entry that has it is quoted as a range, quiet to busy (``dev/timings/rule.py``).
+An entry with
 ``"manual": true`` is measured only when named with ``--only``. Each entry is written back as soon
 as it is measured; a command that fails leaves its entry as it was and makes the exit status 1.
 
@@ -43,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rule import format_time
+from rule import format_range, format_time
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMINGS = ROOT / "docs" / "timings.json"
@@ -132,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", metavar="KEY", help="measure this entry")
     p.add_argument("--skip", action="append", default=[], metavar="KEY", help="leave it out")
     p.add_argument("--runs", type=int, default=1, help="run each N times, keep the fastest")
+    p.add_argument(
+        "--busy",
+        action="store_true",
+        help="record the runs as the entry's time on a busy machine (its range's upper end)",
+    )
     p.add_argument("--list", action="store_true", help="print the entries, measure nothing")
     args = p.parse_args(argv)
     data = load()
@@ -142,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for key, e in entries.items():
             said = format_time(e["seconds"]) if "seconds" in e else "not measured"
+            if "busy" in e and "seconds" in e:
+                said = format_range(e["seconds"], e["busy"]["seconds"])
             print(f"{key}: {e['command']}  [{said}]  refs {e['refs']}")
         return 0
     if args.only:
@@ -159,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seconds, cpu = min(took)
         data = load()  # written back entry by entry: keep edits made meanwhile
-        data["entries"][key].pop("runs", None)
+        entry = data["entries"][key]
+        if args.busy:
+            entry = entry.setdefault("busy", {})
+        entry.pop("runs", None)
         if args.runs > 1:
-            data["entries"][key]["runs"] = args.runs
-        data["entries"][key].update(
+            entry["runs"] = args.runs
+        entry.update(
             seconds=round(seconds, 1),
             cpu_seconds=round(cpu, 1),
             date=datetime.date.today().isoformat(),

@@ -5,119 +5,10 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 
 from .._audit import check_sizes
-from .._table import table as text_table
 from ..memory import format_bytes
-
-
-def _ratio_note(short: str, name: str) -> str:
-    return f"time / {short}: median time relative to the {name} way's (< 1: faster)"
-
-
-def demo(args) -> int:
-    """Run the chosen workloads (default: the ragged logsumexp under vmap)."""
-    t0 = time.perf_counter()
-    if args.workload in ("all", "ragged"):
-        demo_ragged(args)
-    if args.workload in ("all", "s4"):
-        if args.workload == "all":
-            print()
-        demo_s4(args)
-    print(f"(done in {time.perf_counter() - t0:.0f} s; temp memory is XLA's compiled estimate)")
-    if args.workload == "ragged":
-        print(
-            "Next: `foldax demo s4` measures S4's Cauchy kernel the same way "
-            f"({DEMO_TIMES['s4']} on 2 CPU cores)."
-        )
-    return 0
-
-
-def demo_s4(args) -> None:
-    """S4's Cauchy kernel three ways over N: memory, time and error against complex128."""
-    from . import workloads as w
-
-    print(
-        f"S4 Cauchy kernel: H = {w.S4_H} channels, L = {w.S4_L} nodes, N poles, complex64; "
-        f"forward k = cauchy(v, z, w) and gradient of sum |k|^2 w.r.t. (v, z, w).",
-        flush=True,
-    )
-
-    def progress(msg):
-        print(f"  measuring S4 {msg} ...", flush=True)
-
-    rows = w.measure_s4(repeats=args.repeats, progress=progress)
-    base = {(r["n"], r["pass_"]): r for r in rows if r["way"] == "naive broadcast"}
-    table = [
-        (
-            r["n"],
-            r["way"],
-            r["pass_"],
-            format_bytes(r["temp_bytes"]),
-            f"{r['seconds'] * 1e3:.1f} ms",
-            f"{r['seconds'] / base[r['n'], r['pass_']]['seconds']:.2f}",
-            f"{r['rel_err']:.1e}",
-        )
-        for r in rows
-    ]
-    print()
-    print(
-        text_table(
-            table,
-            ("N", "way", "pass", "XLA temp", "median time", "time / naive", "max rel err"),
-            right=range(1, 7),
-        )
-    )
-    print(_ratio_note("naive", "naive broadcast"))
-
-
-def demo_ragged(args) -> None:
-    """The ragged logsumexp under vmap three ways: memory, time and error against float64."""
-    from . import workloads as w
-
-    problem = w.seed_problem(batch=args.batch, segments=args.segments)
-    print(
-        f"The ragged logsumexp under vmap: N = {problem.n:,} rows x {w.FEATURES} features in "
-        f"{len(problem.sizes)} segments of unequal sizes, per-segment "
-        f"logsumexp(f(theta, x)) - log(size), vmapped over {args.batch} theta, float32.",
-        flush=True,
-    )
-    print("Computing the float64 NumPy reference ...", flush=True)
-    ref = w.reference(problem)
-
-    def progress(msg):
-        print(f"  measuring {msg} ...", flush=True)
-
-    rows = w.measure_seed(problem, repeats=args.repeats, ref=ref, progress=progress)
-    base = {r.pass_: r for r in rows if r.way == "global-max segment_sum"}
-    table = [
-        (
-            r.way,
-            r.pass_,
-            format_bytes(r.temp_bytes),
-            f"{r.seconds * 1e3:.1f} ms",
-            f"{r.seconds / base[r.pass_].seconds:.2f}",
-            f"{r.rel_err:.1e}",
-        )
-        for r in rows
-    ]
-    print()
-    print(
-        text_table(
-            table,
-            ("way", "pass", "XLA temp", "median time", "time / global-max", "max rel err"),
-            right=range(1, 6),
-        )
-    )
-    print(_ratio_note("global-max", "global-max segment_sum"))
-    fx = {r.pass_: r for r in rows if r.way == "foldax"}
-    print()
-    for p in ("forward", "gradient"):
-        print(
-            f"foldax {p}: {base[p].temp_bytes / fx[p].temp_bytes:,.0f}x less temp memory than "
-            f"the global-max segment_sum version."
-        )
+from .demo import DEMO_TIMES, WORKLOADS, demo
 
 
 class UsageError(Exception):
@@ -137,32 +28,29 @@ MAKE_CONTRACT = (
 DEFAULT_SIZES = "262144,524288,1048576"
 
 
-def _parse_sizes(text: str) -> list[int]:
+def _parse_sizes(text: str, name: str = "--sizes") -> list[int]:
     """``--sizes``: comma-separated whole numbers, checked as :func:`foldax.memory.scaling`
     checks its ``sizes`` (at least two, distinct, positive), sorted."""
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise UsageError(
-            f"--sizes must be comma-separated whole numbers, e.g. --sizes {DEFAULT_SIZES}; "
+            f"{name} must be comma-separated whole numbers, e.g. --sizes {DEFAULT_SIZES}; "
             f"got {text!r}"
         ) from None
     try:
         return list(
-            check_sizes(sizes, name="--sizes", example=f"--sizes {DEFAULT_SIZES}", got=repr(text))
+            check_sizes(sizes, name=name, example=f"--sizes {DEFAULT_SIZES}", got=repr(text))
         )
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
 
 
-def _load_target(target: str):
-    """``path/to/file.py:function`` -> the function, or a UsageError naming the fix."""
+def _import_file(path: str):
+    """The Python file at ``path``, imported as a module, or a UsageError naming the fix."""
     import importlib.util
     import os
 
-    path, _, func = target.rpartition(":")
-    if not path or not func:
-        raise UsageError(f"expected path/to/file.py:function, got {target!r}")
     if not os.path.isfile(path):
         raise UsageError(f"no such file {path!r} (give path/to/file.py:function)")
     spec = importlib.util.spec_from_file_location("_foldax_audit_target", path)
@@ -174,16 +62,68 @@ def _load_target(target: str):
         spec.loader.exec_module(module)
     except Exception as e:  # the user's file: report it in one line
         raise UsageError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+    return module
+
+
+def _size_functions(module) -> list[str]:
+    """The public functions a file defines that take one argument (a size), else its public
+    callables: what to offer when the target names none of them."""
+    import inspect
+
+    mine = [
+        n
+        for n, v in vars(module).items()
+        if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_")
+    ]
+
+    def takes_a_size(name):
+        try:
+            inspect.signature(getattr(module, name)).bind(0)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return sorted(filter(takes_a_size, mine)) or sorted(
+        n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+    )
+
+
+def _load_target(target: str):
+    """``path/to/file.py:function`` -> (the function, its module), or a UsageError naming the
+    fix (with the file's functions where the function is missing or wrong)."""
+    path, colon, func = target.rpartition(":")
+    if not colon:
+        path, func = target, ""
+    if not path:
+        raise UsageError(f"expected path/to/file.py:function, got {target!r}")
+    module = _import_file(path)
+    names = _size_functions(module)
+    if not func:
+        raise UsageError(
+            f"expected path/to/file.py:function, got {target!r}: name the function"
+            + (f", one of: {', '.join(names[:8])} (e.g. {path}:{names[0]})" if names else "")
+        )
     make = getattr(module, func, None)
     if make is None:
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         raise UsageError(
             f"{path} has no function {func!r}"
             + (f" (it has: {', '.join(names[:8])})" if names else "")
         )
     if not callable(make):
         raise UsageError(f"{path}:{func} is not a function; {MAKE_CONTRACT}")
-    return make
+    return make, module
+
+
+def _target_sizes(module, path: str) -> list[int] | None:
+    """The target file's ``AUDIT_SIZES`` (its default ``--sizes``), checked; None if unset."""
+    sizes = getattr(module, "AUDIT_SIZES", None)
+    if sizes is None:
+        return None
+    try:
+        text = sizes if isinstance(sizes, str) else ",".join(map(str, sizes))
+    except TypeError:
+        text = repr(sizes)
+    return _parse_sizes(text, name=f"AUDIT_SIZES in {path}")
 
 
 def _checked_make(make, target):
@@ -224,12 +164,17 @@ def audit_cmd(args) -> int:
 
     from .. import _audit
 
-    sizes = _parse_sizes(args.sizes)
+    given = getattr(args, "sizes", None)
+    sizes = _parse_sizes(given) if given is not None else None
     if args.top < 1:
         raise UsageError(f"--top must be a positive number of buffers, got {args.top}")
     if args.plot and os.path.dirname(args.plot) and not os.path.isdir(os.path.dirname(args.plot)):
         raise UsageError(f"--plot {args.plot}: no such folder {os.path.dirname(args.plot)!r}")
-    checked = _checked_make(_load_target(args.target), args.target)
+    make_at, module = _load_target(args.target)
+    if sizes is None:
+        path = args.target.rpartition(":")[0]
+        sizes = _target_sizes(module, path) or _parse_sizes(DEFAULT_SIZES)
+    checked = _checked_make(make_at, args.target)
     last = {}
 
     def make(size):
@@ -315,14 +260,12 @@ def _plot(rep, out) -> None:
         raise UsageError(f"cannot write --plot {out}: {_one_line(e)}") from None
 
 
-#: Measured on 2 CPU cores (see the README); printed next to the commands that take minutes.
-DEMO_TIMES = {"ragged": "about 75 s", "s4": "about 3.5 min", "all": "about 3.5 min"}
 BENCH_OUT = "foldax-bench"
 
 
 def _workload(name: str) -> str:
     name = {"seed": "ragged"}.get(name, name)  # the old name still works
-    if name not in DEMO_TIMES:
+    if name not in WORKLOADS:
         raise argparse.ArgumentTypeError(f"choose ragged, s4 or all (got {name!r})")
     return name
 
@@ -404,7 +347,7 @@ def _add_bench(sub, fmt) -> None:
         action="append",
         metavar="NAME",
         help="run only this workload (repeatable): seed, likelihood, precomputed, graph, s4, "
-        "gaussian, nearest, attention, packed, overhead, sharded, keops_users",
+        "gaussian, nearest, attention, packed, overhead, sharded, keops_users, lm_loss",
     )
     b.add_argument(
         "--out",
@@ -422,7 +365,7 @@ def _add_bench(sub, fmt) -> None:
         "--render",
         action="store_true",
         help="measure nothing: rewrite BENCHMARKS.md and the README block from "
-        "OUT/bench/results.json",
+        "OUT/bench/results.json, and draw its plots where matplotlib is installed",
     )
     b.set_defaults(func=bench_cmd)
 
@@ -449,9 +392,9 @@ def main(argv=None) -> int:
         default="ragged",
         type=_workload,
         metavar="{ragged,s4,all}",
-        help=f"ragged ({DEMO_TIMES['ragged']} on 2 CPU cores): the ragged logsumexp under vmap, "
-        f"a per-segment logsumexp over 1.16 M rows in 123 unequal segments; s4 "
-        f"({DEMO_TIMES['s4']}): S4's Cauchy kernel; all: both",
+        help=f"ragged ({DEMO_TIMES['ragged']} on 2 CPU cores, the longer on a busy machine): the "
+        "ragged logsumexp under vmap, a per-segment logsumexp over 1.16 M rows in 123 unequal "
+        f"segments; s4 ({DEMO_TIMES['s4']}): S4's Cauchy kernel; all: both, one after the other",
     )
     p.add_argument("--batch", type=int, default=10, help="number of theta vmapped over")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
@@ -472,9 +415,11 @@ def main(argv=None) -> int:
     a.add_argument("target", help="path/to/file.py:function, with function(size) -> (fn, args)")
     a.add_argument(
         "--sizes",
-        default=DEFAULT_SIZES,
-        help="at least two distinct comma-separated sizes; the defaults are large enough for "
-        "foldax's folds to take several steps (fn is compiled at each, not run)",
+        default=argparse.SUPPRESS,
+        help="at least two distinct comma-separated sizes (fn is compiled at each, not run); "
+        "default: the target file's AUDIT_SIZES where it sets them (examples/audit_s4.py: "
+        f"64,256,512), else {DEFAULT_SIZES}, large enough for foldax's folds to take several "
+        "steps",
     )
     a.add_argument("--name", default="N", help="name of the size, for printing")
     a.add_argument("--top", type=int, default=10, help="buffers listed at the peak")

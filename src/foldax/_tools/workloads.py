@@ -207,8 +207,38 @@ def max_rel_err(got, want) -> float:
     return float(np.max(np.abs(got[fin] - want[fin]) / np.maximum(np.abs(want[fin]), 1e-30)))
 
 
-def median_time(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall time of ``fn(*args)`` in seconds, after ``warmup`` calls."""
+class Timing(float):
+    """A median time in seconds (a ``float``: arithmetic and JSON see the median) that also
+    carries the spread it came from: ``low`` and ``high``, the fastest and slowest of the
+    ``rounds`` timed calls."""
+
+    low: float
+    high: float
+    rounds: int
+
+    def __new__(cls, samples) -> Timing:
+        samples = [float(t) for t in samples]
+        self = super().__new__(cls, statistics.median(samples))
+        self.low, self.high, self.rounds = min(samples), max(samples), len(samples)
+        return self
+
+    def __reduce__(self):  # pickles (and copies) keep the spread
+        return _timing_of, (float(self), self.low, self.high, self.rounds)
+
+    def spread(self) -> dict:
+        """``{"seconds_min", "seconds_max", "rounds"}``: the spread, as results record it."""
+        return {"seconds_min": self.low, "seconds_max": self.high, "rounds": self.rounds}
+
+
+def _timing_of(median: float, low: float, high: float, rounds: int) -> Timing:
+    t = Timing([median])
+    t.low, t.high, t.rounds = low, high, rounds
+    return t
+
+
+def median_time(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> Timing:
+    """Median wall time of ``fn(*args)`` in seconds, after ``warmup`` calls (a :class:`Timing`:
+    a float that also carries the fastest and slowest call)."""
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     ts = []
@@ -216,12 +246,13 @@ def median_time(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return Timing(ts)
 
 
-def median_times(fns: dict[str, Callable], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
+def median_times(fns: dict[str, Callable], repeats: int = 5, warmup: int = 1) -> dict[str, Timing]:
     """Median wall time in seconds of each of ``fns`` (no arguments), timed in turns -- one call
-    of each per round -- so that a change in the machine's speed meets all of them alike."""
+    of each per round -- so that a change in the machine's speed meets all of them alike. Each
+    is a :class:`Timing`: a float that also carries the fastest and slowest call."""
     for fn in fns.values():
         for _ in range(warmup):
             jax.block_until_ready(fn())
@@ -231,7 +262,7 @@ def median_times(fns: dict[str, Callable], repeats: int = 5, warmup: int = 1) ->
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             ts[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in ts.items()}
+    return {name: Timing(t) for name, t in ts.items()}
 
 
 @dataclasses.dataclass
@@ -438,6 +469,7 @@ def measure_seed_sharded(
             compiled = jax.jit(fn).lower(problem.thetas, rows).compile()
             rep = memory.report_from_compiled(compiled)
             text = compiled.as_text()
+            secs = median_time(compiled, problem.thetas, rows, repeats=repeats)
             out.append(
                 {
                     "pass": pass_,
@@ -445,7 +477,8 @@ def measure_seed_sharded(
                     "n": problem.n,
                     "temp_bytes": rep.temp_bytes,
                     "argument_bytes": rep.argument_bytes,
-                    "seconds": median_time(compiled, problem.thetas, rows, repeats=repeats),
+                    "seconds": secs,
+                    **secs.spread(),
                     "rel_err": max_rel_err(compiled(problem.thetas, rows), want),
                     "all_gather": "all-gather" in text or "all-to-all" in text,
                 }

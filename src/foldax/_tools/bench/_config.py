@@ -24,6 +24,7 @@ WORKLOADS = (
     "overhead",
     "sharded",
     "keops_users",
+    "lm_loss",
 )
 README_START = "<!-- bench-results:start -->"
 README_END = "<!-- bench-results:end -->"
@@ -55,13 +56,27 @@ class Config:
     keops_digits: tuple = (60_000, 1_000)  # keops_users: (rows, queries) of the 784-D k-NN
     keops_chamfer: tuple = (8, 20_000, 30_000)  # keops_users: (pairs, points of x, of y)
     keops_floor: int = 4096  # keops_users: side of the square of values of the floor's rates
+    # lm_loss: the (tokens T, vocabulary V, dtype) of each case, the hidden size D, and the
+    # rounds timed (fewer than ``repeats``: a round of the largest case takes a minute on 2 cores)
+    lm_cases: tuple = (
+        (4096, 32768, "float32"),
+        (4096, 131072, "float32"),
+        (8192, 32768, "float32"),
+        (8192, 131072, "float32"),
+        (4096, 32768, "bfloat16"),
+    )
+    lm_d: int = 512
+    lm_repeats: int = 3
 
 
 FULL = Config(
     7, ((1, 1, True), (10, 1, False)), 50_000_000, (64, 256, 512), 256, 1024, 20_000, 4096, (10, 1)
 )
+#: A quick run: every case at smaller sizes than a full run's (its figures compare with each
+#: other, not with a full run's), each time a median of 5 runs (fewer say little on a machine
+#: that is doing anything else).
 QUICK = Config(
-    2,
+    5,
     ((1, 10, True), (1, 1, False)),
     2_000_000,
     (32, 128),
@@ -80,6 +95,14 @@ QUICK = Config(
     keops_digits=(6000, 100),
     keops_chamfer=(8, 2000, 3000),
     keops_floor=1024,
+    lm_cases=(
+        (512, 4096, "float32"),
+        (512, 16384, "float32"),
+        (1024, 4096, "float32"),
+        (1024, 16384, "float32"),
+        (512, 4096, "bfloat16"),
+    ),
+    lm_repeats=5,
 )
 #: The test suite's run: every case of a quick run (the same cases, so the same steps), at the
 #: smallest sizes that still exercise each. Not a command-line option: ``--quick`` runs it when
@@ -107,6 +130,15 @@ TINY = dataclasses.replace(
     keops_digits=(500, 50),
     keops_chamfer=(2, 100, 150),
     keops_floor=64,
+    lm_cases=(  # V a multiple of 2048, Tokamax's vocabulary block (see lm_loss's note)
+        (64, 2048, "float32"),
+        (64, 4096, "float32"),
+        (128, 2048, "float32"),
+        (128, 4096, "float32"),
+        (64, 2048, "bfloat16"),
+    ),
+    lm_d=32,
+    lm_repeats=1,
 )
 TINY_ENV = "FOLDAX_BENCH_TINY"
 
@@ -141,18 +173,29 @@ def machine_line(m: dict) -> str:
     )
 
 
+#: The entry of ``PEERS`` that draws the plots.
+MATPLOTLIB = "plots (matplotlib)"
 #: peer -> (module to import, the extra that brings it)
 PEERS = {
     "torch.segment_reduce": ("torch", ".[torch]"),
     "pykeops": ("pykeops", ".[keops]"),
-    "plots (matplotlib)": ("matplotlib", ".[plot]"),
+    MATPLOTLIB: ("matplotlib", ".[plot]"),
+}
+
+
+#: Peers that a workload adds only where they are installed, never reported as skipped (no
+#: extra of foldax brings them: each needs jax >= 0.11, so Python >= 3.12): peer -> module
+OPTIONAL_PEERS = {
+    "tokamax": "tokamax",
+    "jax-cce": "jax_cce",
 }
 
 
 def available(peer: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(PEERS[peer][0]) is not None
+    module = PEERS[peer][0] if peer in PEERS else OPTIONAL_PEERS[peer]
+    return importlib.util.find_spec(module) is not None
 
 
 #: The baseline each workload's ratios are taken against ("time / baseline").
@@ -169,6 +212,7 @@ BASELINE = {
     "overhead": "without foldax",
     "sharded": "1 device(s)",
     "keops_users": "pykeops (CPU)",
+    "lm_loss": "plain (T x V logits)",
 }
 
 

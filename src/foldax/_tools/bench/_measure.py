@@ -17,10 +17,13 @@ import numpy as np
 
 from ..._memory import report
 from ._config import Config, available
+from ._noise import conditions
 from ._progress import Progress
 
 
 def _row(workload, case, impl, pass_, temp, seconds, err, **extra):
+    """One row of results; where ``seconds`` is a ``workloads.Timing``, the spread of its runs
+    beside it, and the load average now (see ``_noise.conditions``)."""
     return {
         "workload": workload,
         "case": case,
@@ -30,6 +33,7 @@ def _row(workload, case, impl, pass_, temp, seconds, err, **extra):
         "seconds": seconds,
         "rel_err": err,
         **extra,
+        **conditions(seconds),
     }
 
 
@@ -439,6 +443,7 @@ def bench_sharded(cfg: Config, prog: Progress) -> list[dict]:
             devices=r["devices"],
             argument_bytes=r["argument_bytes"],
             all_gather=r["all_gather"],
+            **{k: r[k] for k in ("seconds_min", "seconds_max", "rounds") if k in r},
         )
         for r in out
     ]

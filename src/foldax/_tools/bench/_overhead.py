@@ -4,7 +4,6 @@ jitted call latency, compile time), foldax against the op a user would otherwise
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 
 import jax
@@ -62,19 +61,31 @@ def _overhead_calls(n, cfg):
 
 #: Sizes of the calls whose overhead is measured (N rows; pairwise: min(N, overhead_pairs)).
 _OVERHEAD_CALLS = (1_000, 100_000)
+#: The calls of ``_overhead_calls`` at each size.
+_CALLS_PER_SIZE = 5
+#: The steps of each call at each size: eager call, jitted call, compile.
+_STEPS_PER_CALL = 3
 #: Compile-only cases: (name, reductions).
 _COMPILE_ONLY = ("min", "argmin", "kmin", "ragged forward", "ragged gradient")
 
 
+def overhead_steps() -> int:
+    """The progress steps of ``bench_overhead``: every call at every size, then the
+    compile-only cases."""
+    return len(_OVERHEAD_CALLS) * _CALLS_PER_SIZE * _STEPS_PER_CALL + len(_COMPILE_ONLY)
+
+
 def _compile_seconds(make, args, repeats):
-    """Median seconds to trace, lower and compile ``jax.jit(make())`` for ``args`` (a new
-    function each time, so no cache is hit)."""
+    """Median seconds (a ``workloads.Timing``, with its spread) to trace, lower and compile
+    ``jax.jit(make())`` for ``args`` (a new function each time, so no cache is hit)."""
+    from .. import workloads as w
+
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         jax.jit(make()).lower(*args).compile()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return w.Timing(times)
 
 
 def _eager_and_jitted(case, f, g, args, cfg, prog):

@@ -14,9 +14,9 @@ class Progress:
         self.stream = stream or sys.stderr
 
     def step(self, what: str) -> None:
-        self.done = min(self.done + 1, self.total)
+        self.done += 1  # counted as is: a total announced too low shows as steps past it
         width = 24
-        filled = int(width * self.done / self.total)
+        filled = min(width, int(width * self.done / self.total))
         bar = "#" * filled + "." * (width - filled)
         secs = time.perf_counter() - self.t0
         print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..._memory import format_bytes
 from ..._table import table
+from . import _noise
 from ._config import (
     BASELINE,
     PLOT_DIR,
@@ -14,97 +15,36 @@ from ._config import (
     format_time,
     machine_line,
 )
+from ._texts import NOISE_NOTE, NOTES, QUICK_NOTE, TITLES
 from ._versions import versions_section
-
-TITLES = {
-    "seed": "The ragged logsumexp under vmap: per-segment logsumexp(f(theta, x)) - log(size), "
-    "vmapped over 10 theta",
-    "likelihood": "The same likelihood with a pair of row arrays: per-segment "
-    "logsumexp(f(theta, x) - log_prior) - log(size), vmapped over 10 theta",
-    "precomputed": "Precomputed data: segment logsumexp of float32 values",
-    "graph": "A graph network's messages, float32: E edges reduced to V receiver nodes",
-    "s4": "S4's Cauchy kernel, complex64 (forward k = cauchy(v, z, w); gradient of sum |k|^2)",
-    "gaussian": "Gaussian kernel, D = 3, float32",
-    "nearest": "Nearest neighbours: squared distance, D = 3, float32 (min, argmin, k-min)",
-    "attention": "Exact attention, float32 (pairwise_reduce softmax vs jax.nn.dot_product_attention)",
-    "packed": "Packed-sequence causal attention, float32: 16 documents in one sequence, one head",
-    "overhead": "What a call costs beside its work: eager call, jitted call and compile time",
-    "sharded": "The ragged logsumexp on 8 host CPU devices (rows split over a mesh), per-device "
-    "memory",
-    "keops_users": "What KeOps' users write, float32 on CPU: kernel matrix times V, k-NN, "
-    "Chamfer with its gradient, and the machine's floor",
-}
-
-
-NOTES = {
-    "seed": "Ways: `slicing loop` (materialize f, one dynamic slice + logsumexp per segment; "
-    "left out at N x 10, where its 1230 slices take minutes to compile), `global-max "
-    "segment_sum` (the usual stable way: one global max, then `jax.ops.segment_sum` of exp), "
-    "`pad-and-scan` (pad every segment to the largest, `lax.scan` over segments with a masked "
-    "logsumexp), `foldax` "
-    "(`segment_logsumexp(x, sizes=..., fn=model)`). Gradient: of the per-segment sum with "
-    "respect to theta.",
-    "likelihood": "The rows come as two arrays, the features `x` (N, 5) and a per-row "
-    "`log_prior` (N,), passed to foldax as one pytree: `segment_logsumexp((x, log_prior), "
-    "sizes=..., fn=lambda rows: model(theta, rows[0]) - rows[1])`. Same model, sizes and "
-    "ways as above, each way's calls timed in turns; the baseline is the pad-and-scan a "
-    "user writes when the padded copy fits. Gradient: of the per-segment sum with respect "
-    "to theta.",
-    "precomputed": "The floor is `jnp.exp(x).sum()`: one pass over the data, no segments. "
-    "torch runs on the same CPU with its default threads.",
-    "graph": "Plain data (messages already computed) reduced by receiver: `unsorted ids` as "
-    "edges come, `sorted ids` with `indices_are_sorted=True` on both sides, `sizes` for foldax "
-    "against the same sorted ids with the hint for the peer. The peer is the program a user "
-    "writes with `jax.ops` (for the softmax, jraph's `segment_softmax`: max, gather, exp, sum, "
-    "gather, divide; for the log-softmax, `x - max` less the gathered log of that sum). "
-    "Gradient: of the sum of the result times fixed random weights.",
-    "gaussian": "`sum_j exp(-|x_i - y_j|^2)` and `logsumexp_j(-|x_i - y_j|^2)`. XLA fuses the dense "
-    "sum into its reduction (0 B temp) but not the logsumexp; pykeops' memory is not XLA's.",
-    "nearest": "`min_j |x_i - y_j|^2`, its `argmin` and the k nearest for k = 5 to 128 "
-    "(`reduction=\"kmin\"`, pykeops' `Kmin_argKmin`), each reduction's two ways timed in "
-    "turns. The error column of argmin and k-min is "
-    "the fraction of indices that differ from NumPy's on float64 distances (near-ties may "
-    "round either way in float32). foldax spreads each step's large fusions over XLA:CPU's "
-    "threads, pykeops runs one loop per thread: on a shared 2-core virtual machine, where "
-    "waking a thread sometimes costs far more than usual, foldax's times can double from one "
-    "run to the next while pykeops' stay put; on one core (`taskset -c 0`) both are steady.",
-    "packed": "`foldax.dot_product_attention(q, k, v, is_causal=True, segment_ids=ids)` (each "
-    "token attends to the earlier tokens of its own document; blocks across documents are "
-    "skipped, listed from each block's range of ids) against `jax.nn.dot_product_attention` "
-    "with the same mask as an `(L, L)` boolean array built from the ids in the jitted function, "
-    "and against foldax with the causal mask alone (what the documents save). Gradient: of "
-    "the sum of the output, with respect to q, k and v.",
-    "overhead": "Each case names the op a user would call without foldax (`without foldax`). "
-    "`eager call`: the function called directly, as in a notebook or a Python loop (foldax runs "
-    "a cached executable: the same shapes, static arguments and `fn` / `kernel` structure "
-    "compile once). `jitted call`: `jax.jit` of the function, after its first call (dispatch "
-    "and run). `compile`: trace, lower and compile a new `jax.jit` of it. Small calls are "
-    "mostly overhead; the 100,000-row calls also show the work.",
-    "keops_users": "Inputs standard normal (the 784-D k-NN: uniform pixels in [0, 1)), fixed "
-    "seeds; foldax jitted, pykeops' `LazyTensor`s, each case's two ways timed in turns. Kernel "
-    "matrix times V: `pairwise_reduce(lambda a, b: jnp.exp(-jnp.sum((a - b[0]) ** 2)) * b[1], "
-    "x, (y, V))` against `K @ V` with `K = (-((x_i - y_j) ** 2).sum(-1)).exp()`; error: the "
-    "largest error relative to the largest magnitude of its column (entries of a kernel matrix "
-    'times random-signed vectors can be near 0). k-NN: `reduction="kmin", k=10` of '
-    "`jnp.sum((a - b) ** 2)` against `Kmin_argKmin(10, 1)`; error: the fraction of indices that "
-    'differ from `np.argsort(d, kind="stable")[:, :10]` on float64 distances. Chamfer: '
-    "`mean(min_j |x_i - y_j|^2) + mean(min_i |x_i - y_j|^2)` per pair, foldax's "
-    "`jax.jit(jax.vmap(jax.value_and_grad(chamfer, (0, 1))))` against pykeops' batched "
-    "LazyTensors `(B, N, 1, 3)`, `(B, 1, M, 3)` with torch's autograd: KeOps does not "
-    "differentiate a min reduction, so its users take `argmin` and gather the distances in "
-    "torch; error: the loss of the first pair against float64. Floor: the rates of `exp` and "
-    "of float32 multiply-adds (those of a matrix product: the vector units' peak) measured in the "
-    "same run, timed in turns with foldax's Gaussian sum; the ratio of those rows is relative "
-    "to the floor (foldax's time / the floor's).",
-    "sharded": "One process with `XLA_FLAGS=--xla_force_host_platform_device_count=8`: the same "
-    "program on one device and with the rows split over 8 (N padded to a multiple of 8, padding "
-    "rows dropped by id). The 8 simulated devices share this machine's cores: the time ratio "
-    "shows 8 device programs keeping the cores busy, not more hardware.",
-}
 
 
 def _fmt_err(e):
     return "n/a" if e is None else f"{e:.1e}"
+
+
+def noise_summary(results: dict) -> list[str]:
+    """The lines a run prints last: how many ratios are within noise and how many rows were
+    measured on a busy machine, and, for a quick run, that its sizes are not a full run's."""
+    noisy = busy = total = 0
+    for name, rows in results["workloads"].items():
+        for r in rows:
+            b = _base(rows, r, r.get("baseline", BASELINE[name]))
+            total += 1
+            busy += bool(r.get("busy"))
+            noisy += b is not None and _noise.overlaps(r, b)
+    load = results.get("load") or {}
+    when = ""
+    if load.get("start") is not None and load.get("end") is not None:
+        when = f": {load['start']:.2f} at the start, {load['end']:.2f} at the end"
+    lines = [
+        f"noise: {noisy} of {total} rows are within noise of their baseline (the ranges of "
+        f"their runs overlap); {busy} were measured on a busy machine (1-minute load average "
+        f"above the {load.get('cores', '?')} cores{when})"
+    ]
+    if results.get("quick"):
+        lines.append(QUICK_NOTE.replace("`", ""))
+    return lines
 
 
 def _base(rows, r, baseline):
@@ -114,27 +54,57 @@ def _base(rows, r, baseline):
     return None
 
 
+def _ratio_cell(r, b):
+    """A table's ratio cell: ``r``'s time over its baseline ``b``'s, with the noise marks."""
+    if b is None or not b["seconds"]:
+        return "n/a" + _noise.mark_text(r)
+    return f"{r['seconds'] / b['seconds']:.2f}" + _noise.mark_text(r, b)
+
+
+def _time_cell(r):
+    """A table's median time, with the fastest and slowest run where the row records them."""
+    return format_time(r["seconds"]) + _noise.spread_text(r)
+
+
+def _fmt_num(x, fmt):
+    return "n/a" if x is None else format(x, fmt)
+
+
+#: The lm_loss workload's columns beside the usual ones: (header, cell of a row)
+LM_COLUMNS = (
+    ("grad max rel err", lambda r: _fmt_err(r["grad_rel_err"])),
+    ("GEMM floor / time", lambda r: _fmt_num(r["floor_fraction"], ".2f")),
+    ("compile", lambda r: format_time(r["compile_seconds"])),
+)
+
+
 def workload_table(results: dict, name: str) -> list[str]:
     rows = results["workloads"][name]
     base_name = BASELINE[name]
     extra = name == "sharded"
+    lm = name == "lm_loss"
     head = (
         f"| case | implementation | pass | XLA temp | median time | time relative to {base_name} |"
     )
     head += " arguments / device | all-gather |" if extra else " max rel err vs float64 |"
     sep = "|---|---|---|---:|---:|---:|" + ("---:|---|" if extra else "---:|")
+    if lm:
+        head += "".join(f" {h} |" for h, _ in LM_COLUMNS)
+        sep += "---:|" * len(LM_COLUMNS)
     lines = [head, sep]
     for r in rows:
         b = _base(rows, r, r.get("baseline", base_name))
-        ratio = "n/a" if b is None or not b["seconds"] else f"{r['seconds'] / b['seconds']:.2f}"
+        ratio = _ratio_cell(r, b)
         temp = "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"])
         tail = (
             f" {format_bytes(r['argument_bytes'])} | {'yes' if r['all_gather'] else 'no'} |"
             if extra
             else f" {_fmt_err(r['rel_err'])} |"
         )
+        if lm:
+            tail += "".join(f" {cell(r)} |" for _, cell in LM_COLUMNS)
         lines.append(
-            f"| {r['case']} | {r['impl']} | {r['pass']} | {temp} | {format_time(r['seconds'])} | {ratio} |"
+            f"| {r['case']} | {r['impl']} | {r['pass']} | {temp} | {_time_cell(r)} | {ratio} |"
             + tail
         )
     return lines
@@ -153,8 +123,8 @@ def _vs_bytes(a, b):
 
 
 def _ratio(a, b):
-    """``a``'s time relative to ``b``'s, formatted."""
-    return f"{a['seconds'] / b['seconds']:.2f}x"
+    """``a``'s time relative to ``b``'s, formatted, with the noise marks (``_noise.marks``)."""
+    return f"{a['seconds'] / b['seconds']:.2f}x" + _noise.mark_text(a, b)
 
 
 def headlines(results: dict) -> list[tuple[str, str, str]]:
@@ -171,6 +141,7 @@ def headlines(results: dict) -> list[tuple[str, str, str]]:
         *_overhead_headlines(results),
         *_sharded_headlines(results),
         *_keops_headlines(results),
+        *_lm_loss_headlines(results),
     ]
 
 
@@ -375,6 +346,28 @@ def _keops_headlines(results: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def _lm_loss_headlines(results: dict) -> list[tuple[str, str, str]]:
+    """A language model's loss, per case and pass: foldax vs each other way (not the floor),
+    with foldax's share of the GEMM floor."""
+    out = []
+    rows = results["workloads"].get("lm_loss", [])
+    for f in rows:
+        if f["impl"] != "foldax":
+            continue
+        for r in rows:
+            same = r["case"] == f["case"] and r["pass"] == f["pass"]
+            if same and r["impl"] not in ("foldax", "GEMM floor") and r["seconds"]:
+                what = f["case"].split(";")[0]
+                out.append(
+                    (
+                        f"LM loss (linear cross-entropy) {what}, {f['pass']}: foldax vs {r['impl']}",
+                        _vs_bytes(f, r),
+                        f"{_ratio(f, r)} (GEMM floor / foldax's time: {f['floor_fraction']:.2f})",
+                    )
+                )
+    return out
+
+
 def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
     """The overhead rows a user meets first: eager and jitted calls of ``segment_sum``, an eager
     pairwise call, and the compile times of the nearest-neighbour and ragged programs."""
@@ -394,7 +387,7 @@ def _overhead_headlines(results: dict) -> list[tuple[str, str, str]]:
                 (
                     f"{r['pass']}: {r['case']}",
                     "",
-                    f"{r['seconds'] / peer['seconds']:.2f}x ({secs})",
+                    f"{r['seconds'] / peer['seconds']:.2f}x ({secs})" + _noise.mark_text(r, peer),
                 )
             )
     return out
@@ -430,6 +423,8 @@ def render_markdown(results: dict, versions: dict | None = None) -> str:
         "named in each table (this way's median time / the baseline's): below 1 means faster than "
         "the baseline. Errors are max relative errors against float64 (complex128 for S4).",
         "",
+        *_noise.legend(results),
+        *([QUICK_NOTE, ""] if results.get("quick") else []),
     ]
     if results["skipped"]:
         lines += ["Skipped peers (not installed; the extra brings them):", ""]
@@ -454,6 +449,8 @@ def render_readme_block(results: dict) -> str:
         f"({machine_line(results['machine'])}){_merged_note(results)}; "
         "every figure, with errors against float64, in [BENCHMARKS.md](BENCHMARKS.md).",
         "",
+        *([QUICK_NOTE, ""] if results.get("quick") else []),
+        *([NOISE_NOTE, ""] if _noise.recorded(results) else []),
         "| foldax vs | XLA temp memory | time relative to the other (< 1: foldax is faster) |",
         "|---|---|---|",
         *(f"| {c} | {m} | {t} |" for c, m, t in headlines(results)),
@@ -474,9 +471,13 @@ def terminal_table(results: dict, name: str) -> str:
         "pass",
         "XLA temp",
         "median time",
+        "fastest - slowest",
         f"time rel. to {base_name}",
         "rel err",
     )
+    lm = name == "lm_loss"
+    if lm:
+        header += tuple(h for h, _ in LM_COLUMNS)
     cells = []
     for r in rows:
         b = _base(rows, r, r.get("baseline", base_name))
@@ -487,8 +488,10 @@ def terminal_table(results: dict, name: str) -> str:
                 r["pass"],
                 "n/a" if r["temp_bytes"] is None else format_bytes(r["temp_bytes"]),
                 format_time(r["seconds"]),
-                "n/a" if b is None else f"{r['seconds'] / b['seconds']:.2f}",
+                _noise.spread_text(r).strip(" ()") or "n/a",
+                _ratio_cell(r, b),
                 _fmt_err(r["rel_err"]),
+                *((cell(r) for _, cell in LM_COLUMNS) if lm else ()),
             )
         )
     return table(cells, header)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ._config import (
     FULL,
+    MATPLOTLIB,
     PEERS,
     PLOT_DIR,
     QUICK,
@@ -27,6 +28,7 @@ from ._config import (
 )
 from ._graph import bench_graph, graph_cases
 from ._keops import bench_keops_users
+from ._lm_loss import bench_lm_loss
 from ._measure import (
     LIKELIHOOD_WAYS,
     bench_attention,
@@ -38,11 +40,12 @@ from ._measure import (
     bench_seed,
     bench_sharded,
 )
-from ._overhead import _COMPILE_ONLY, _OVERHEAD_CALLS, bench_overhead
+from ._noise import load_average, results_load
+from ._overhead import bench_overhead, overhead_steps
 from ._packed import bench_packed
 from ._plots import plots
 from ._progress import Progress
-from ._render import TITLES, render_markdown, render_readme_block, terminal_table
+from ._render import TITLES, noise_summary, render_markdown, render_readme_block, terminal_table
 from ._versions import VERSIONS_FILE
 
 
@@ -59,11 +62,15 @@ def _steps(cfg: Config, only) -> int:
         "nearest": 2 * (2 + len(cfg.kmin_ks)),
         "attention": 6,
         "packed": 2 * len(cfg.packed),
-        "overhead": len(_OVERHEAD_CALLS) * 3 + len(_COMPILE_ONLY),
+        # each call at each size (eager, jitted, compile), then the compile-only cases
+        "overhead": overhead_steps(),
         "sharded": 1,
         # kernel matrix times V per R, k-NN in 3-D and 784-D, Chamfer: foldax and pykeops
         # (or its skip line) each; the floor: exp, multiply-add, foldax
         "keops_users": 2 * (len(cfg.keops_rs) + 2 + 1) + 3,
+        # per case: the floor, then plain, foldax, tokamax and jax-cce (or their skip lines)
+        # forward, and the four again value-and-grad
+        "lm_loss": len(cfg.lm_cases) * (1 + 4 + 4),
     }
     return sum(count[k] for k in only)
 
@@ -81,6 +88,7 @@ BENCHES: dict[str, Callable[[Config, Progress], list[dict]]] = {
     "overhead": bench_overhead,
     "sharded": bench_sharded,
     "keops_users": bench_keops_users,
+    "lm_loss": bench_lm_loss,
 }
 
 
@@ -108,10 +116,13 @@ def run(
     previous = _previous(out, quick) if merge else None
     skipped = [{"peer": p, "extra": PEERS[p][1]} for p in PEERS if not available(p)]
     for s in skipped:
+        later = "; foldax bench --render draws them later" if s["peer"] == MATPLOTLIB else ""
         print(
-            f"skipped: {s['peer']} (not installed; pip install -e '{s['extra']}')", file=sys.stderr
+            f"skipped: {s['peer']} (not installed; pip install -e '{s['extra']}'){later}",
+            file=sys.stderr,
         )
     prog = Progress(_steps(cfg, names))
+    load = load_average()
     results = {
         "command": command,
         "date": time.strftime("%Y-%m-%d"),
@@ -126,6 +137,8 @@ def run(
     for name in names:
         results["workloads"][name] = BENCHES[name](cfg, prog)
         print(f"\n{TITLES[name]}\n{terminal_table(results, name)}\n", flush=True)
+    results["load"] = results_load(load, os.cpu_count())
+    print("\n".join(noise_summary(results)), flush=True)
     if previous is not None:
         results = _merged(previous, results, names)
     write(results, out)
@@ -159,6 +172,7 @@ def _merged(previous: dict, results: dict, names) -> dict:
             "date": results["date"],
             "workloads": names,
             "machine": results["machine"],
+            "load": results["load"],
         }
     )
     merged["merged"] = runs
@@ -166,11 +180,27 @@ def _merged(previous: dict, results: dict, names) -> dict:
     return merged
 
 
+def _draw(results: dict, plot_dir: str, say: bool = True) -> bool:
+    """Draw the plots of ``results`` into ``plot_dir`` where matplotlib imports, and record
+    them in ``results`` (no longer listing matplotlib as skipped); whether they were drawn.
+    ``say``: where it does not import, say how to draw them."""
+    if not available(MATPLOTLIB):
+        if not say:  # a run has said so among its skipped peers
+            return False
+        extra = PEERS[MATPLOTLIB][1]
+        print(f"plots: not drawn (matplotlib is not installed; pip install -e '{extra}' or "
+              "pip install matplotlib, then foldax bench --render draws them from the saved "
+              "results)", file=sys.stderr)  # fmt: skip
+        return False
+    results["plots"] = plots(results, plot_dir)
+    results["skipped"] = [s for s in results.get("skipped", []) if s["peer"] != MATPLOTLIB]
+    return True
+
+
 def write(results: dict, out: str) -> None:
     plot_dir = os.path.join(out, PLOT_DIR)
     os.makedirs(plot_dir, exist_ok=True)
-    if available("plots (matplotlib)"):
-        results["plots"] = plots(results, plot_dir)
+    _draw(results, plot_dir, say=False)
     with open(os.path.join(plot_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     _write_text(results, out)
@@ -199,8 +229,22 @@ def _write_text(results: dict, out: str) -> None:
                 f.write(head + render_readme_block(results) + tail)
 
 
-def render(out: str) -> None:
-    """Rewrite ``BENCHMARKS.md`` and the README block from ``out/bench/results.json`` (no runs)."""
-    with open(os.path.join(out, PLOT_DIR, "results.json")) as f:
+def render(out: str) -> list[str]:
+    """Rewrite ``BENCHMARKS.md`` and the README block from ``out/bench/results.json`` (no runs),
+    and draw the plots from it where matplotlib imports, whether or not it did when the results
+    were measured (``results.json`` then records them). Returns the plots the text shows."""
+    path = os.path.join(out, PLOT_DIR, "results.json")
+    with open(path) as f:
         results = json.load(f)
+    before = (results.get("plots", []), results.get("skipped", []))
+    if _draw(results, os.path.dirname(path)):
+        print(f"drew {', '.join(os.path.join(out, PLOT_DIR, p) for p in results['plots'])}")
+        if (results["plots"], results["skipped"]) != before:
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
+    else:  # the plots drawn before, where they are still there
+        results["plots"] = [
+            p for p in results.get("plots", []) if os.path.isfile(os.path.join(out, PLOT_DIR, p))
+        ]
     _write_text(results, out)
+    return results["plots"]
