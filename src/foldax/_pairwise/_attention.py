@@ -45,6 +45,12 @@ def _shapes(query, key, value, layout):
             "add or remove the batch axis so that they agree",
         )
     batch = tuple(np.shape(query)[:-3])
+    kinds = [jnp.result_type(a) for a in (query, key, value)]
+    if any(jnp.issubdtype(d, jnp.complexfloating) for d in kinds):
+        _fail(
+            f"query, key and value must be real, got {', '.join(map(str, kinds))}",
+            "cast them to a float dtype (complex attention: split real and imaginary parts)",
+        )
     q, k, v = (tuple(np.shape(a)[-3:]) for a in (query, key, value))
     if layout == "BNTH":  # per example (N, T, H): read as (T, N, H)
         q, k, v = ((a[1], a[0], a[2]) for a in (q, k, v))
@@ -233,15 +239,14 @@ def _dropout_head(q, k, v, hid, bias, *, call, fold, drop):
         key = jax.random.fold_in(jax.random.fold_in(key, example), hid)
     t_idx = jnp.arange(q.shape[0], dtype=jnp.int32)
     s_idx = jnp.arange(k.shape[0], dtype=jnp.int32)
-    impl = jax.random.key_impl(key)
     rows = jax.random.key_data(jax.vmap(lambda t: jax.random.fold_in(key, t))(t_idx))
     logit = _logits(call, bias, True)
     threshold = np.uint32(min(round(rate * 2.0**32), 2**32 - 1))
 
     def kept(a, b):
         bits = jax.random.key_data(
-            jax.random.fold_in(jax.random.wrap_key_data(a[2], impl=impl), b[-1])
-        ).reshape(-1)[0]
+            jax.random.fold_in(jax.random.wrap_key_data(a[2], impl="threefry2x32"), b[-1])
+        )[0]
         z = logit(a, b)
         return jnp.where(bits >= threshold, z, jnp.asarray(-np.inf, z.dtype)), b[1]
 
@@ -365,6 +370,9 @@ def _dropout(rate, deterministic, rng, broadcast, batch):
         rng = jax.random.wrap_key_data(rng)
     if rng.ndim:
         _fail(f"dropout_rng must be one key, got shape {rng.shape}", "pass a single key")
+    # two words drawn from the key by its own generator seed a threefry key, whose fold_in
+    # hashes every index in (another generator's fold_in may only xor it in, e.g. unsafe_rbg)
+    rng = jax.random.wrap_key_data(jax.random.bits(rng, (2,), jnp.uint32), impl="threefry2x32")
     examples = jnp.arange(math.prod(batch), dtype=jnp.int32) if batch else jnp.int32(0)
     return (float(rate), bool(broadcast)), (rng, examples), (None, 0 if batch else None)
 
