@@ -341,7 +341,7 @@ def _add_bench(sub, fmt) -> None:
         "BENCHMARKS.md and a README results block into --out.",
         formatter_class=fmt,
     )
-    b.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes on 2 cores")
+    b.add_argument("--quick", action="store_true", help="small sizes, about 3.5 minutes on 2 cores")
     b.add_argument(
         "--only",
         action="append",
