@@ -492,7 +492,8 @@ def dot_product_attention(
         ``dropout_rng`` and the pair's indices, drawn per tile (never stored, the same in the
         backward pass and for every ``block_size``); the bits are not those Flax draws. The
         output takes two folds of the logits (the softmax over the kept pairs and the
-        log-sum-exp over all), about 1.5 times the work without dropout.
+        log-sum-exp over all): on CPU about 1.5 times the time without dropout forward and 2
+        times with the gradient (still a fraction of Flax's dense dropout attention).
       deterministic: Flax's: no dropout when ``True``. Static.
       dropout_rng: a PRNG key (``jax.random.key`` or a raw ``PRNGKey``), needed when dropout
         applies.
