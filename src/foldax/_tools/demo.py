@@ -9,7 +9,7 @@ from ..memory import format_bytes
 
 #: Measured on 2 CPU cores, on a quiet machine and on one shared with other jobs (see the
 #: README); printed next to the commands.
-DEMO_TIMES = {"ragged": "40 to 75 s", "s4": "65 s to 3.5 min"}
+DEMO_TIMES = {"ragged": "40 to 75 s", "s4": "80 s to 3.5 min"}
 WORKLOADS = ("ragged", "s4", "all")
 
 #: What each way of the ragged workload computes, printed before it is measured.
