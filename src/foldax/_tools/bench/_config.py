@@ -31,6 +31,13 @@ README_END = "<!-- bench-results:end -->"
 PLOT_DIR = "bench"
 
 
+def _lm_cases(tokens: tuple, vocabularies: tuple) -> tuple:
+    """The lm_loss workload's ``(T, V, dtype)`` cases: every T with every V in float32, then
+    the smallest pair in bfloat16."""
+    grid = tuple((t, v, "float32") for t in tokens for v in vocabularies)
+    return (*grid, (tokens[0], vocabularies[0], "bfloat16"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Sizes of one run (``FULL``, ``QUICK`` or the test suite's ``TINY``)."""
@@ -58,13 +65,7 @@ class Config:
     keops_floor: int = 4096  # keops_users: side of the square of values of the floor's rates
     # lm_loss: the (tokens T, vocabulary V, dtype) of each case, the hidden size D, and the
     # rounds timed (fewer than ``repeats``: a round of the largest case takes a minute on 2 cores)
-    lm_cases: tuple = (
-        (4096, 32768, "float32"),
-        (4096, 131072, "float32"),
-        (8192, 32768, "float32"),
-        (8192, 131072, "float32"),
-        (4096, 32768, "bfloat16"),
-    )
+    lm_cases: tuple = _lm_cases((4096, 8192), (32768, 131072))
     lm_d: int = 512
     lm_repeats: int = 3
 
@@ -95,13 +96,7 @@ QUICK = Config(
     keops_digits=(6000, 100),
     keops_chamfer=(8, 2000, 3000),
     keops_floor=1024,
-    lm_cases=(
-        (512, 4096, "float32"),
-        (512, 16384, "float32"),
-        (1024, 4096, "float32"),
-        (1024, 16384, "float32"),
-        (512, 4096, "bfloat16"),
-    ),
+    lm_cases=_lm_cases((512, 1024), (4096, 16384)),
     lm_repeats=5,
 )
 #: The test suite's run: every case of a quick run (the same cases, so the same steps), at the
@@ -130,13 +125,8 @@ TINY = dataclasses.replace(
     keops_digits=(500, 50),
     keops_chamfer=(2, 100, 150),
     keops_floor=64,
-    lm_cases=(  # V a multiple of 2048, Tokamax's vocabulary block (see lm_loss's note)
-        (64, 2048, "float32"),
-        (64, 4096, "float32"),
-        (128, 2048, "float32"),
-        (128, 4096, "float32"),
-        (64, 2048, "bfloat16"),
-    ),
+    # V a multiple of 2048, Tokamax's vocabulary block (see lm_loss's note)
+    lm_cases=_lm_cases((64, 128), (2048, 4096)),
     lm_d=32,
     lm_repeats=1,
 )
