@@ -236,6 +236,36 @@ def test_listed_blocks_follow_documents_and_causality():
     assert got.sum() < 0.3 * got.size
 
 
+def test_array_mask_blocks_from_its_table_of_cells(rng):
+    """A boolean array of pairs lists its blocks from a table of its cells: a block holding a
+    kept pair is never skipped, whatever its start and size (clamped, unaligned); blocks on
+    cells are listed exactly; and the values skip nothing (against a float64 reference)."""
+    from foldax._pairwise._masks import CELL, check_masking
+
+    m, n = 2 * CELL + 44, 3 * CELL + 8  # neither a multiple of a cell
+    pairs = np.zeros((m, n), bool)
+    for _ in range(6):  # a few rectangles of kept pairs, one of them a single pair
+        a, c = rng.integers(0, m), rng.integers(0, n)
+        pairs[a : a + rng.integers(1, 90), c : c + rng.integers(1, 90)] = True
+    pairs[m - 1, 5] = True
+    masking = check_masking("t", None, None, m, n, False, jnp.asarray(pairs))
+    live = masking.block_live(0)
+    for bi, bj, aligned in ((CELL, CELL, True), (2 * CELL, CELL, True), (48, 200, False)):
+        starts_i = [*range(0, m - bi + 1, bi), m - bi]  # the clamped last block too
+        j0 = np.asarray([*range(0, n - bj + 1, bj), n - bj], np.int32)
+        for i0 in starts_i:
+            got = np.asarray(live(masking.consts, jnp.int32(i0), jnp.asarray(j0), bi, bj))
+            truth = np.array([pairs[i0 : i0 + bi, j : j + bj].any() for j in j0])
+            assert not np.any(truth & ~got), ("a block with a kept pair was skipped", bi, bj)
+            on_cells = aligned and i0 % CELL == 0
+            if on_cells:
+                np.testing.assert_array_equal(got[j0 % CELL == 0], truth[j0 % CELL == 0])
+    q, k, v = (jnp.asarray(rng.standard_normal((1, t, 1, 8)), F32) for t in (m, n, n))
+    pairs[np.arange(m), np.arange(m) * n // m] = True  # a kept pair in every row
+    got = foldax.dot_product_attention(q, k, v, mask=jnp.asarray(pairs), block_size=(64, 128))
+    assert_allclose(got, _grouped_ref(q, k, v, keep=pairs), dtype=F32)
+
+
 # ----------------------------------------------------------------------------------------------
 # dot_product_attention: jax.nn's call
 

@@ -204,14 +204,17 @@ def _head(q, k, v, hid, bias, pairs, *, call, mask, ids, drop):
     ``drop``: the dropout key of the example (and its index), or ``None``. ``out (T, Hv)``, and
     ``lse (T,)`` with ``call["return_residual"]``."""
     by_head = call["head_mask"]
+    # an array of every pair skips the blocks it drops (from a table of its cells); one
+    # broadcast along an axis is read by index
+    whole = pairs is not None and pairs.shape == (q.shape[0], k.shape[0])
     keep = _all(
         mask,
         None if by_head is None else (lambda i, j: by_head(hid, i, j)),
-        None if pairs is None else (lambda i, j: _at(pairs, i, j)),
+        None if pairs is None or whole else (lambda i, j: _at(pairs, i, j)),
     )
     fold = functools.partial(
         reduce_pairs, _NAME, k=None, block_size=call["block_size"], mask=keep, segment_ids=ids,
-        axis_name=None,
+        axis_name=None, pairs=pairs if whole else None,
     )  # fmt: skip
     if drop is not None:
         return _dropout_head(q, k, v, hid, bias, call=call, fold=fold, drop=drop)
@@ -462,7 +465,9 @@ def dot_product_attention(
         the query head's index in ``[0, N)``; the two are told apart by their number of
         positional parameters without defaults). A callable may close over traced arrays (see
         :func:`foldax.pairwise_reduce`); an index mask whose formula bounds on a block skips
-        blocks without looking at their pairs; an array is read at every pair.
+        blocks without looking at their pairs; so does an array of every query and key
+        (``(..., T, S)``), from a table of which 128 x 128 cells keep a pair, made once per
+        call; an array broadcast along ``T`` or ``S`` is read at every pair.
       scale: the logits' scale (default ``1 / sqrt(H)``). Static.
       is_causal: keep ``s <= t``. Static.
       query_seq_lengths: optional ``(B,)`` ints: queries ``t >= length`` get 0.

@@ -7,8 +7,10 @@ segment ids, are the fold's inputs (jit arguments, vmapped arrays: each batch el
 mask), never constants of its implementation. Blocks are listed without looking at their
 pairs where that can be done: from the segment ids' range in each block (``O(M + N)`` work
 per block of ``x``) and from the mask's own formula (:mod:`._intervals`: exact for causal,
-sliding-window, padding and block-diagonal masks); only a mask that reads arrays by index
-(``doc[i] == doc[j]``) and comes without ``segment_ids`` is evaluated on every pair.
+sliding-window, padding and block-diagonal masks) and, for a boolean array of pairs, from a
+table of which cells of :data:`CELL` x :data:`CELL` pairs hold a kept one (made once per call:
+``M N / CELL^2`` booleans); only a mask that reads arrays by index (``doc[i] == doc[j]``) and
+comes without ``segment_ids`` is evaluated on every pair.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ class Masking:
     """The pairs that take part. ``closed``: the user's traced mask (or ``None``), reading
     ``consts[:n_mask]``; ``ids``: whether ``consts`` continue with the segment ids of ``x``
     and of ``y``; ``live`` / ``bounded``: the mask's block test
-    (:func:`._intervals.block_test`); ``rows``: whether ``consts`` end with a boolean per row
-    of ``x``, the rows that take part (:func:`only_rows`)."""
+    (:func:`._intervals.block_test`); ``pairs``: whether ``consts`` continue (after the ids)
+    with a boolean ``(M, N)`` array of the pairs kept and its table of live cells
+    (:func:`_cell_table`); ``rows``: whether ``consts`` end with a boolean per row of ``x``, the
+    rows that take part (:func:`only_rows`)."""
 
     closed: _closure.Closed | None
     consts: tuple
@@ -37,7 +41,13 @@ class Masking:
     ids: bool
     live: object = None
     bounded: bool = True
+    pairs: bool = False
     rows: bool = False
+
+    @property
+    def _at_pairs(self):
+        """Where the array of pairs is in this masking's ``consts``."""
+        return self.n_mask + 2 * self.ids
 
     def pair_mask(self, start):
         """The engine's ``pair_mask(consts, i, j)``, reading this masking's arrays from the
@@ -52,6 +62,8 @@ class Masking:
             if self.ids:
                 ids_x, ids_y = own[self.n_mask : self.n_mask + 2]
                 keep = keep & (ids_x[i] == ids_y[j])
+            if self.pairs:
+                keep = keep & own[self._at_pairs][i, j]
             if self.rows:
                 keep = keep & own[-1][i]
             return keep
@@ -61,7 +73,7 @@ class Masking:
     def block_live(self, start):
         """The engine's ``block_live(consts, i0, j0, bi, bj)``, or ``None`` where only the pairs
         themselves can tell (a mask the analysis cannot bound, and no segment ids)."""
-        if not self.ids and not self.rows and not self.bounded:
+        if not self.ids and not self.rows and not self.pairs and not self.bounded:
             return None
 
         def block_live(consts, i0, j0, bi, bj):
@@ -72,6 +84,8 @@ class Masking:
             if self.ids:
                 ids = own[self.n_mask : self.n_mask + 2]
                 live = live & _ids_overlap(*ids, i0, j0, bi, bj)
+            if self.pairs:
+                live = live & _cells_live(own[self._at_pairs + 1], i0, j0, bi, bj)
             if self.rows:
                 live = live & jnp.any(jax.lax.dynamic_slice_in_dim(own[-1], i0, bi))
             return live
@@ -101,9 +115,44 @@ def _ids_overlap(ids_x, ids_y, i0, j0, bi, bj):
     return (own_x.min() <= hi_y) & (lo_y <= own_x.max())
 
 
-def check_masking(name, mask, segment_ids, m, n, on_mesh):
-    """``Masking`` for the public function ``name`` (``None`` when every pair takes part)."""
-    if mask is None and segment_ids is None:
+#: The side of a cell of a boolean array of pairs whose liveness is tabled: it divides every
+#: tile the planner picks, so that a block's cells are exactly its own.
+CELL = 128
+
+
+def _cell_table(pairs):
+    """``(ceil(M / CELL) + 1, ceil(N / CELL) + 1)`` booleans: whether each cell of ``CELL`` x
+    ``CELL`` pairs keeps one (an OR-reduce of the array read once, no copy), with one row and
+    one column of False past the end. A mask known when the call is compiled is still read at
+    run time: XLA would fold this reduce of a constant one pair at a time, for seconds."""
+    m, n = pairs.shape
+    pad = [(0, -m % CELL + CELL), (0, -n % CELL + CELL)]
+    pairs = jax.lax.optimization_barrier(pairs)
+    return jax.lax.reduce_window(pairs, False, jax.lax.bitwise_or, (CELL, CELL), (CELL, CELL), pad)
+
+
+def _cells_live(table, i0, j0, bi, bj):
+    """Whether the block of pairs at rows ``[i0, i0 + bi)`` and each block of columns at
+    ``[j0, j0 + bj)`` (``j0`` an array of starts) meets a cell with a kept pair: exact where
+    the blocks start on cells, else the cells they overlap."""
+    rows, valid_rows = _cells(table.shape[0], i0, bi)
+    own = jnp.any(table[rows] & valid_rows[:, None], axis=0)  # (cells of y,)
+    cols, valid = jax.vmap(lambda j: _cells(table.shape[1], j, bj))(j0)
+    return jnp.any(own[cols] & valid, axis=1)
+
+
+def _cells(count, start, size):
+    """The cells a run of ``size`` indices from ``start`` overlaps: ``(cells, valid)`` of a
+    static length (the most it can overlap), the extra ones past the run marked invalid."""
+    first, last = start // CELL, (start + size - 1) // CELL
+    span = jnp.arange(-(-size // CELL) + 1, dtype=jnp.int32)
+    return jnp.minimum(first + span, count - 1), span <= last - first
+
+
+def check_masking(name, mask, segment_ids, m, n, on_mesh, pairs=None):
+    """``Masking`` for the public function ``name`` (``None`` when every pair takes part);
+    ``pairs``: a boolean ``(M, N)`` array of the pairs kept, besides ``mask``."""
+    if mask is None and segment_ids is None and pairs is None:
         return None
     if on_mesh:
         raise ValueError(
@@ -116,7 +165,10 @@ def check_masking(name, mask, segment_ids, m, n, on_mesh):
         closed, consts = _check_mask(name, mask)
         live, bounded = block_test(closed)
     ids = _check_segment_ids(name, segment_ids, m, n)
-    return Masking(closed, (*consts, *ids), len(consts), bool(ids), live, bounded)
+    table = () if pairs is None else (pairs, _cell_table(pairs))
+    return Masking(
+        closed, (*consts, *ids, *table), len(consts), bool(ids), live, bounded, bool(table)
+    )
 
 
 def _check_mask(name, mask):

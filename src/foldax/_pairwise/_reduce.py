@@ -157,10 +157,23 @@ def pairwise_reduce(
 
 
 def reduce_pairs(
-    name, kernel, x, y, *, reduction, k, block_size, mask, segment_ids, axis_name, residual=False
+    name,
+    kernel,
+    x,
+    y,
+    *,
+    reduction,
+    k,
+    block_size,
+    mask,
+    segment_ids,
+    axis_name,
+    residual=False,
+    pairs=None,
 ):
     """:func:`pairwise_reduce` for the public function ``name``; with ``residual`` (softmax on
-    one device) the pair ``(out, log-sum-exp of each row's logits)``."""
+    one device) the pair ``(out, log-sum-exp of each row's logits)``; ``pairs``: a boolean
+    ``(M, N)`` array of the pairs kept, besides ``mask`` (its blocks without one are skipped)."""
     if not callable(kernel):
         raise TypeError(f"{name}: kernel must be callable, got {type(kernel).__name__}.")
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
@@ -174,7 +187,7 @@ def reduce_pairs(
         kernel, unpack = _packed_values(kernel, aval[1])
     axes = _shard.axis_tuple(name, axis_name)
     split = None if axes else _mesh_split(name, x, y, m, n)
-    mask = check_masking(name, mask, segment_ids, m, n, split is not None or bool(axes))
+    mask = check_masking(name, mask, segment_ids, m, n, split is not None or bool(axes), pairs)
     if split is None:
         out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask, raw=residual)
     elif residual:
