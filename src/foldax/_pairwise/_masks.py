@@ -121,12 +121,12 @@ CELL = 128
 
 
 def _cell_table(pairs):
-    """``(ceil(M / CELL) + 1, ceil(N / CELL) + 1)`` booleans: whether each cell of ``CELL`` x
-    ``CELL`` pairs keeps one (an OR-reduce of the array read once, no copy), with one row and
-    one column of False past the end. A mask known when the call is compiled is still read at
-    run time: XLA would fold this reduce of a constant one pair at a time, for seconds."""
+    """``(ceil(M / CELL), ceil(N / CELL))`` booleans: whether each cell of ``CELL`` x ``CELL``
+    pairs keeps one (an OR-reduce of the array read once, no copy). A mask known when the call
+    is compiled is still read at run time: XLA would fold this reduce of a constant one pair at
+    a time, for seconds."""
     m, n = pairs.shape
-    pad = [(0, -m % CELL + CELL), (0, -n % CELL + CELL)]
+    pad = [(0, -m % CELL), (0, -n % CELL)]
     pairs = jax.lax.optimization_barrier(pairs)
     return jax.lax.reduce_window(pairs, False, jax.lax.bitwise_or, (CELL, CELL), (CELL, CELL), pad)
 
