@@ -262,8 +262,10 @@ def test_array_mask_blocks_from_its_table_of_cells(rng):
                 np.testing.assert_array_equal(got[j0 % CELL == 0], truth[j0 % CELL == 0])
     q, k, v = (jnp.asarray(rng.standard_normal((1, t, 1, 8)), F32) for t in (m, n, n))
     pairs[np.arange(m), np.arange(m) * n // m] = True  # a kept pair in every row
-    got = foldax.dot_product_attention(q, k, v, mask=jnp.asarray(pairs), block_size=(64, 128))
-    assert_allclose(got, _grouped_ref(q, k, v, keep=pairs), dtype=F32)
+    want = _grouped_ref(q, k, v, keep=pairs)
+    for block in ((64, 128), (48, 200), (512, 512)):  # tiles on cells, unaligned, wider than it
+        got = foldax.dot_product_attention(q, k, v, mask=jnp.asarray(pairs), block_size=block)
+        assert_allclose(got, want, dtype=F32)
 
 
 # ----------------------------------------------------------------------------------------------

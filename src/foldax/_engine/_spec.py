@@ -28,7 +28,8 @@ class Spec:
     splitting rows and slots (the rows go round the devices). ``slot_psum``: psum an additive
     fold's slot sums over ``axes`` (the tangent of an all-reduced output). ``pair_mask``
     (dense plans): ``pair_mask(consts, i, j) -> bool`` of the fold's consts (a derived fold's
-    begin with its parent's) and broadcasting global slot and row indices;
+    begin with its parent's) and global slot and row indices ``i`` ``(bi, 1)``, ``j`` ``(1, bj)``,
+    each a run of consecutive indices within range when the block fits the array;
     pairs where it is false take no part, and a tile where it is false everywhere is skipped
     (not computed), in this fold and in every fold derived from it. ``block_live`` (with a
     ``pair_mask``): ``block_live(consts, i0, j0, bi, bj) -> bool`` of the first slot ``i0`` of a

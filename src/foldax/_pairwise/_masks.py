@@ -63,7 +63,7 @@ class Masking:
                 ids_x, ids_y = own[self.n_mask : self.n_mask + 2]
                 keep = keep & (ids_x[i] == ids_y[j])
             if self.pairs:
-                keep = keep & own[self._at_pairs][i, j]
+                keep = keep & _pairs_at(own[self._at_pairs], i, j)
             if self.rows:
                 keep = keep & own[-1][i]
             return keep
@@ -118,6 +118,23 @@ def _ids_overlap(ids_x, ids_y, i0, j0, bi, bj):
 #: The side of a cell of a boolean array of pairs whose liveness is tabled: it divides every
 #: tile the planner picks, so that a block's cells are exactly its own.
 CELL = 128
+
+
+def _pairs_at(pairs, i, j):
+    """The kept pairs of a tile: rows ``i`` ``(bi, 1)`` by columns ``j`` ``(1, bj)``, each a run of
+    consecutive indices (the engine's tiles, see ``pair_mask`` in :class:`._engine._spec.Spec`),
+    read as ``bi`` slices of ``bj`` columns: one gather of rows, made once per tile. (A gather of
+    each pair costs several times the tile's arithmetic; a dynamic slice, XLA:CPU fuses into each
+    of the tile's consumers, where it doubled the time of a causal mask's attention at 4,096^2.) Rows past
+    the array are padding the engine masks; a tile wider than the array gathers each pair."""
+    (n,), bi, bj = pairs.shape[1:], i.shape[0], j.shape[-1]
+    if i.shape == (bi, 1) and j.shape == (1, bj) and bj <= n:
+        starts = jnp.stack([i[:, 0], jnp.broadcast_to(j[0, 0], (bi,))], axis=1)
+        dims = jax.lax.GatherDimensionNumbers(
+            offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0, 1)
+        )
+        return jax.lax.gather(pairs, starts, dims, (1, bj), mode="clip")
+    return pairs[i, j]
 
 
 def _cell_table(pairs):
