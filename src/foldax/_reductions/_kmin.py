@@ -337,8 +337,11 @@ class KMin(_ValuesAndIndices, Monoid):
     needs_index = True
     #: k up to which rows with several candidates merge the tile's top k (:meth:`_insert_few`:
     #: at k = 5, 20,000 x 20,000, a third of the compile time at the same speed); above, they
-    #: insert entry by entry (:meth:`_drain_tile`: 4x faster at k = 64)
-    TOPK_UP_TO = 8
+    #: insert entry by entry (:meth:`_drain_tile`: 4x faster at k = 64). 9 is the candidates'
+    #: k of a min in high dimension (``k + EXTRA`` in ``_pairwise/_distances.py``): there, and
+    #: at 20,000 x 20,000 x 3, the merge ran at the drain's speed (0.96-1.05x) and its first
+    #: call took 1.8-2.6 s where the drain's took 4.6 s; from k = 10 it ran 1.1-1.3x slower.
+    TOPK_UP_TO = 9
     #: rows gathered into one block whose tile top-k is taken (:meth:`_merge_many`)
     CAPACITY = 16
     #: k above TOPK_UP_TO: sizes of the block the few rows with several entries to insert are
