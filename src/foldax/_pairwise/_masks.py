@@ -121,12 +121,13 @@ CELL = 128
 
 
 def _pairs_at(pairs, i, j):
-    """The kept pairs of a tile: rows ``i`` ``(bi, 1)`` by columns ``j`` ``(1, bj)``, each a run of
-    consecutive indices (the engine's tiles, see ``pair_mask`` in :class:`._engine._spec.Spec`),
-    read as ``bi`` slices of ``bj`` columns: one gather of rows, made once per tile. (A gather of
-    each pair costs several times the tile's arithmetic; a dynamic slice, XLA:CPU fuses into each
-    of the tile's consumers, where it doubled the time of a causal mask's attention at 4,096^2.) Rows past
-    the array are padding the engine masks; a tile wider than the array gathers each pair."""
+    """The kept pairs of a tile: rows ``i`` ``(bi, 1)`` by columns ``j`` ``(1, bj)``, each a
+    run of consecutive indices (the engine's tiles, see ``pair_mask`` in
+    :class:`._engine._spec.Spec`), read as ``bi`` slices of ``bj`` columns: one gather of rows,
+    made once per tile. (A gather of each pair costs several times the tile's arithmetic; a
+    dynamic slice, XLA:CPU fuses into each of the tile's consumers, where it doubled the time
+    of a causal mask's attention at 4,096^2.) Rows past the array are padding the engine
+    masks; a tile wider than the array gathers each pair."""
     (n,), bi, bj = pairs.shape[1:], i.shape[0], j.shape[-1]
     if i.shape == (bi, 1) and j.shape == (1, bj) and bj <= n:
         starts = jnp.stack([i[:, 0], jnp.broadcast_to(j[0, 0], (bi,))], axis=1)

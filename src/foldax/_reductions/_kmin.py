@@ -289,6 +289,12 @@ def _merge_best(keys, idx, best):
     return pick(keys, bk), pick(idx, bi)
 
 
+def _each_block(n, cap, block, state):
+    """``block(start, state)`` for the blocks of ``cap`` rows that ``n`` gathered rows fill
+    (``start``: the first one's rank), in one ``fori_loop``: one block body to compile."""
+    return lax.fori_loop(0, (n + (cap - 1)) // cap, lambda b, st: block(b * cap, st), state)
+
+
 def _block_rows(need, rank, cap, start=0):
     """``(cap,)``: slot ``s`` holds the ``(start + s)``-th row that ``need`` s it (``rank``: each
     row's count of needing rows before it, itself included, less one); ``len(need)`` where
@@ -452,15 +458,14 @@ class KMin(_ValuesAndIndices, Monoid):
         cap = min(self.CAPACITY, rows)
         rank = jnp.cumsum(need.astype(jnp.int32)) - 1
 
-        def block(b, st):
+        def block(start, st):
             keys, idx = st
-            at = _block_rows(need, rank, cap, b * cap)
+            at = _block_rows(need, rank, cap, start)
             a = jnp.minimum(at, rows - 1)
             kb, ib = _merge_best(keys[a], idx[a], _tile_best(v[a], mask[a], index, self.k))
             return keys.at[at].set(kb, mode="drop"), idx.at[at].set(ib, mode="drop")
 
-        blocks = (jnp.sum(need, dtype=jnp.int32) + (cap - 1)) // cap
-        return lax.fori_loop(0, blocks, block, (keys, idx))
+        return _each_block(jnp.sum(need, dtype=jnp.int32), cap, block, (keys, idx))
 
     def _drain_tile(self, keys, idx, tile, bound, c, colsum):
         """Insert the candidates (:func:`_candidates` of ``bound``) of the rows with ``c``
@@ -501,8 +506,7 @@ class KMin(_ValuesAndIndices, Monoid):
         cap = min(self.BLOCK, max(sparse, 1))
 
         def looped(keys, idx):
-            blocks = (n + (cap - 1)) // cap
-            return lax.fori_loop(0, blocks, lambda b, st: gathered(cap, b * cap)(*st), (keys, idx))
+            return _each_block(n, cap, lambda start, st: gathered(cap, start)(*st), (keys, idx))
 
         if sparse <= self.LOOPED_UP_TO:
             return looped(keys, idx)
