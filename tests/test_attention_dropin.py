@@ -401,7 +401,7 @@ def test_dropout_values_and_gradients_match_dense_with_its_mask(rng):
     # draws the forward pass's mask
     with jax.enable_x64(True):
         args = tuple(jnp.asarray(a, jnp.float64) for a in (q, kk, v, bias))
-        check_grads(f, args, order=1, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
+        check_grads(jax.jit(f), args, order=1, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
 def _repeat(a, g):

@@ -110,7 +110,9 @@ def test_derivatives_of_every_order(rng):
                 block_size=(2, 4),
             )  # fmt: skip
 
-        check_grads(loss, (h, w), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
+        check_grads(
+            jax.jit(loss), (h, w), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6
+        )
         ref = lambda h, w: reference(h, w, labels, eps=0.1, z_loss=0.05, cap=2.0)  # noqa: E731
         dh, dw = jnp.asarray(rng.standard_normal((5, 3))), jnp.asarray(rng.standard_normal((7, 3)))
         got, want = jax.jvp(loss, (h, w), (dh, dw)), jax.jvp(ref, (h, w), (dh, dw))
