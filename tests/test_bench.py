@@ -330,3 +330,29 @@ def test_render_without_matplotlib_says_how_to_draw_the_plots(tmp_path, monkeypa
     assert _bench.render(str(tmp_path)) == []
     assert "pip install -e '.[plot]'" in capsys.readouterr().err
     assert "time_ratios.png" not in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_each_merged_run_lists_only_the_workloads_it_still_holds():
+    """A run's record names only the workloads no later merge replaced; a run none of whose
+    workloads is left is dropped, so BENCHMARKS.md never credits a run with figures it no
+    longer holds."""
+    from foldax._tools.bench._run import _merged
+
+    def run(names, day):
+        command = f"foldax bench --only {' --only '.join(names)} --merge"
+        workloads = {name: [] for name in names}
+        return {"command": command, "date": day, "machine": {}, "load": {}, "skipped": [],
+                "workloads": workloads}  # fmt: skip
+
+    results = {**run(["a", "b", "c"], "d0"), "merged": []}
+    results = _merged(results, run(["a", "b"], "d1"), ["a", "b"])
+    results = _merged(results, run(["b"], "d2"), ["b"])
+    assert [(r["date"], r["workloads"]) for r in results["merged"]] == [
+        ("d1", ["a"]),
+        ("d2", ["b"]),
+    ]
+    results = _merged(results, run(["a"], "d3"), ["a"])
+    assert [(r["date"], r["workloads"]) for r in results["merged"]] == [
+        ("d2", ["b"]),
+        ("d3", ["a"]),
+    ]

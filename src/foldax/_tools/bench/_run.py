@@ -165,7 +165,12 @@ def _merged(previous: dict, results: dict, names) -> dict:
     record of the run that measured them."""
     merged = dict(previous)
     merged["workloads"] = {**previous["workloads"], **results["workloads"]}
-    runs = [r for r in previous.get("merged", []) if not set(r["workloads"]) <= set(names)]
+    # each earlier run keeps the workloads this one does not replace (none left: dropped)
+    runs = [
+        {**r, "workloads": [w for w in r["workloads"] if w not in names]}
+        for r in previous.get("merged", [])
+        if not set(r["workloads"]) <= set(names)
+    ]
     runs.append(
         {
             "command": results["command"],
