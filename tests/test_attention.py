@@ -268,6 +268,31 @@ def test_array_mask_blocks_from_its_table_of_cells(rng):
         assert_allclose(got, want, dtype=F32)
 
 
+def test_windows_take_tiles_that_skip_their_blocks(rng):
+    """A causal mask or window bounds the pairs kept to a band: its attention takes the tiles
+    whose live blocks cost least (a window of 256 at 4,096^2 skips 7 in 8 of 256-tiles but only
+    9 in 16 of 1024-tiles), and the values and gradients on them are jax.nn's."""
+    from foldax._pairwise._masks import check_masking
+
+    def tile(band, t=4096):
+        return check_masking("t", lambda i, j: j <= i, None, t, t, False, band=band).gemm_tile(t, t)
+
+    assert tile((255, 0)) == (256, 256) and tile((1023, 0)) == (512, 512)
+    assert tile((None, 0)) == (1024, 1024) and tile(None) is None and tile((40, 0), 200) is None
+    t = 1500  # the last tile of each size partial (clamped)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, t, 2, 16)), F32) for _ in range(3))
+    for window in ((63, 0), (100, 30), 50):
+        assert tile(window if isinstance(window, tuple) else (window, window), t) != (1024, 1024)
+        kw = dict(local_window_size=window, is_causal=window == (63, 0))
+        f = lambda q, k, v, kw=kw: foldax.dot_product_attention(q, k, v, **kw)  # noqa: E731
+        g = lambda q, k, v, kw=kw: jax.nn.dot_product_attention(q, k, v, **kw)  # noqa: E731
+        assert_allclose(jax.jit(f)(q, k, v), g(q, k, v), dtype=F32, err_msg=str(window))
+        loss = lambda fn: lambda *qkv: jnp.sum(fn(*qkv) * v)  # noqa: E731
+        got = jax.jit(jax.grad(loss(f), (0, 1, 2)))(q, k, v)
+        for mine, theirs in zip(got, jax.grad(loss(g), (0, 1, 2))(q, k, v), strict=True):
+            assert_allclose(mine, theirs, dtype=F32, scale=10, err_msg=str(window))
+
+
 # ----------------------------------------------------------------------------------------------
 # dot_product_attention: jax.nn's call
 

@@ -179,6 +179,16 @@ def _index_masks(is_causal, window, q_len, kv_len, mask):
     )
 
 
+def _band(call):
+    """``(left, right)``: the most the call's causal mask and window keep, ``t - left <= s <=
+    t + right`` (``None``: unbounded on that side; ``None`` for both: no band)."""
+    window = call["local_window_size"]
+    left, right = (window, window) if isinstance(window, int) else (window or (None, None))
+    if call["is_causal"]:
+        right = 0 if right is None else min(right, 0)
+    return None if left is None and right is None else (left, right)
+
+
 def _logits(call, bias, with_index):
     """``logit(a, b)`` of a query row ``a`` and a key row ``b`` (with their indices where
     ``with_index``): scaled, the bias added, soft-capped, in float32 for half precision."""
@@ -214,7 +224,7 @@ def _head(q, k, v, hid, bias, pairs, *, call, mask, ids, drop):
     )
     fold = functools.partial(
         reduce_pairs, _NAME, k=None, block_size=call["block_size"], mask=keep, segment_ids=ids,
-        axis_name=None, pairs=pairs if whole else None,
+        axis_name=None, pairs=pairs if whole else None, band=_band(call),
     )  # fmt: skip
     if drop is not None:
         return _dropout_head(q, k, v, hid, bias, call=call, fold=fold, drop=drop)

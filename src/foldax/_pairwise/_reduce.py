@@ -170,10 +170,12 @@ def reduce_pairs(
     axis_name,
     residual=False,
     pairs=None,
+    band=None,
 ):
     """:func:`pairwise_reduce` for the public function ``name``; with ``residual`` (softmax on
     one device) the pair ``(out, log-sum-exp of each row's logits)``; ``pairs``: a boolean
-    ``(M, N)`` array of the pairs kept, besides ``mask`` (its blocks without one are skipped)."""
+    ``(M, N)`` array of the pairs kept, besides ``mask`` (its blocks without one are skipped);
+    ``band``: static bounds of the pairs ``mask`` keeps (see :func:`._masks.check_masking`)."""
     if not callable(kernel):
         raise TypeError(f"{name}: kernel must be callable, got {type(kernel).__name__}.")
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
@@ -187,7 +189,8 @@ def reduce_pairs(
         kernel, unpack = _packed_values(kernel, aval[1])
     axes = _shard.axis_tuple(name, axis_name)
     split = None if axes else _mesh_split(name, x, y, m, n)
-    mask = check_masking(name, mask, segment_ids, m, n, split is not None or bool(axes), pairs)
+    on_mesh = split is not None or bool(axes)
+    mask = check_masking(name, mask, segment_ids, m, n, on_mesh, pairs, band)
     if split is None:
         out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask, raw=residual)
     elif residual:

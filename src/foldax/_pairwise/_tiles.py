@@ -105,10 +105,13 @@ def _fold(name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, row
 
     # a kernel that contracts is a matrix product per tile: tiles long both ways (unless the
     # monoid asks for its own, as the k smallest do)
+    # (smaller ones where a mask skips more of their pairs, see Masking.gemm_tile)
     gemm = not cols and getattr(monoid, "dense_tile", None) is None
-    plan = _engine.PlanSpec(
-        "dense", n, m, None, block, row_axis=-1 if cols else 0, tile=GEMM_TILE if gemm else None
-    )
+    preferred = GEMM_TILE if gemm else None
+    if gemm and mask is not None and block is None:
+        preferred = mask.gemm_tile(m, n) or preferred
+    axis = -1 if cols else 0
+    plan = _engine.PlanSpec("dense", n, m, None, block, row_axis=axis, tile=preferred)
     spec = _engine.Spec(
         plan,
         body,
