@@ -278,7 +278,17 @@ def test_windows_take_tiles_that_skip_their_blocks(rng):
         return check_masking("t", lambda i, j: j <= i, None, t, t, False, band=band).gemm_tile(t, t)
 
     assert tile((255, 0)) == (256, 256) and tile((1023, 0)) == (512, 512)
-    assert tile((None, 0)) == (1024, 1024) and tile(None) is None and tile((40, 0), 200) is None
+    assert tile((None, 0)) == (1024, 1024) and tile((40, 0), 200) is None
+
+    def formula(mask, t=4096):  # a mask of the indices alone, read from its formula
+        return check_masking("t", mask, None, t, t, False).gemm_tile(t, t)
+
+    assert formula(lambda i, j: j <= i) == (1024, 1024)
+    assert formula(lambda i, j: (j <= i) & (j > i - 256)) == (256, 256)
+    assert formula(lambda i, j: i // 256 == j // 256) == (256, 256)  # block-diagonal
+    starts = jnp.arange(4096) - 256
+    assert formula(lambda i, j: j >= starts[i]) is None  # it reads an array: the default
+    assert formula(lambda i, j: jnp.sin(i.astype(F32)) > j.astype(F32)) is None  # unread: sin
     t = 1500  # the last tile of each size partial (clamped)
     q, k, v = (jnp.asarray(rng.standard_normal((1, t, 2, 16)), F32) for _ in range(3))
     for window in ((63, 0), (100, 30), 50):
@@ -287,6 +297,13 @@ def test_windows_take_tiles_that_skip_their_blocks(rng):
         f = lambda q, k, v, kw=kw: foldax.dot_product_attention(q, k, v, **kw)  # noqa: E731
         g = lambda q, k, v, kw=kw: jax.nn.dot_product_attention(q, k, v, **kw)  # noqa: E731
         assert_allclose(jax.jit(f)(q, k, v), g(q, k, v), dtype=F32, err_msg=str(window))
+        left, right = window if isinstance(window, tuple) else (window, window)
+        by_pairs = lambda q, k, v, left=left, right=right: foldax.pairwise_reduce(  # noqa: E731
+            lambda a, b: (jnp.dot(a, b[0]) / 4, b[1]), q[0, :, 0], (k[0, :, 0], v[0, :, 0]),
+            reduction="softmax", mask=lambda i, j: (j >= i - left) & (j <= i + right),
+        )  # fmt: skip
+        want = jax.nn.dot_product_attention(q, k, v, local_window_size=(left, right))[0, :, 0]
+        assert_allclose(jax.jit(by_pairs)(q, k, v), want, dtype=F32, err_msg=str(window))
         loss = lambda fn: lambda *qkv: jnp.sum(fn(*qkv) * v)  # noqa: E731
         got = jax.jit(jax.grad(loss(f), (0, 1, 2)))(q, k, v)
         for mine, theirs in zip(got, jax.grad(loss(g), (0, 1, 2))(q, k, v), strict=True):

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _closure
+from . import _band
 from ._intervals import block_test
 
 
@@ -95,38 +96,12 @@ class Masking:
         return block_live
 
     def gemm_tile(self, m, n):
-        """The square tile (side from :data:`GEMM_TILE_COST`) for a contracting kernel under
-        this masking's band (``band``: the pairs ``i - left <= j <= i + right`` are the most it
-        keeps; ``None`` on a side: unbounded): the one whose live blocks, times its cost per
-        pair, cost least. ``None`` without a band, or where no tile would skip anything."""
-        if self.band is None or max(m, n) <= min(GEMM_TILE_COST):
-            return None
-        scores = {
-            side: _band_fraction(self.band, m, n, min(side, m), min(side, n)) * cost
-            for side, cost in GEMM_TILE_COST.items()
-        }
-        side = min(scores, key=scores.get)
-        return (side, side)
-
-
-#: The cost per pair of a contracting kernel's square tile of each side, relative to 1024 x 1024
-#: (measured on XLA:CPU, 2 cores: attention at 4,096^2, D = 64, forward 1.3x / 2.35x and gradient
-#: 1.1x / 1.75x at 512 / 256): smaller tiles skip more of a mask's pairs but each pair costs more.
-GEMM_TILE_COST = {1024: 1.0, 512: 1.2, 256: 2.0}
-
-
-def _band_fraction(band, m, n, bi, bj):
-    """The fraction of the engine's ``(bi, bj)`` blocks (the last ones clamped) that meet the
-    band ``i - left <= j <= i + right`` (NumPy, when the call is traced)."""
-    left, right = band
-    i0 = np.minimum(np.arange(-(-m // bi)) * bi, m - bi)[:, None]
-    j0 = np.minimum(np.arange(-(-n // bj)) * bj, n - bj)[None, :]
-    live = np.ones((i0.shape[0], j0.shape[1]), bool)
-    if right is not None:  # some j <= i + right: the block's first column, its last row
-        live &= j0 <= i0 + bi - 1 + right
-    if left is not None:  # some j >= i - left: its last column, its first row
-        live &= j0 + bj - 1 >= i0 - left
-    return float(live.mean())
+        """The tile a contracting kernel takes under this masking (:func:`._band.gemm_tile`):
+        from its ``band``, else from a mask formula of the indices alone; ``None``: the
+        default."""
+        plain = not (self.consts or self.ids or self.pairs or self.rows)
+        closed = self.closed if plain and self.bounded else None
+        return _band.gemm_tile(m, n, self.band, closed)
 
 
 def only_rows(masking, rows):
