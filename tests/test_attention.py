@@ -268,6 +268,7 @@ def test_array_mask_blocks_from_its_table_of_cells(rng):
         assert_allclose(got, want, dtype=F32)
 
 
+@pytest.mark.slow
 def test_windows_take_tiles_that_skip_their_blocks(rng):
     """A causal mask or window bounds the pairs kept to a band: its attention takes the tiles
     whose live blocks cost least (a window of 256 at 4,096^2 skips 7 in 8 of 256-tiles but only
