@@ -287,6 +287,8 @@ def test_windows_take_tiles_that_skip_their_blocks(rng):
     assert formula(lambda i, j: j <= i) == (1024, 1024)
     assert formula(lambda i, j: (j <= i) & (j > i - 256)) == (256, 256)
     assert formula(lambda i, j: i // 256 == j // 256) == (256, 256)  # block-diagonal
+    by_floats = lambda a: jnp.floor(a.astype(F32) / 256)  # noqa: E731
+    assert formula(lambda i, j: by_floats(i) == by_floats(j)) == (256, 256)  # in floats
     starts = jnp.arange(4096) - 256
     assert formula(lambda i, j: j >= starts[i]) is None  # it reads an array: the default
     assert formula(lambda i, j: jnp.sin(i.astype(F32)) > j.astype(F32)) is None  # unread: sin

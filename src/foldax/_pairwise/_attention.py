@@ -167,9 +167,14 @@ def _all(*masks):
     return keep
 
 
+def _window(window):
+    """``local_window_size`` as ``(left, right)`` (``(None, None)``: no window)."""
+    return (window, window) if isinstance(window, int) else (window or (None, None))
+
+
 def _index_masks(is_causal, window, q_len, kv_len, mask):
     """The index masks of the call (``None`` when every pair takes part)."""
-    left, right = (window, window) if isinstance(window, int) else (window or (None, None))
+    left, right = _window(window)
     return _all(
         (lambda i, j: j <= i) if is_causal else None,
         (lambda i, j: (j >= i - left) & (j <= i + right)) if window is not None else None,
@@ -182,8 +187,7 @@ def _index_masks(is_causal, window, q_len, kv_len, mask):
 def _band(call):
     """``(left, right)``: the most the call's causal mask and window keep, ``t - left <= s <=
     t + right`` (``None``: unbounded on that side; ``None`` for both: no band)."""
-    window = call["local_window_size"]
-    left, right = (window, window) if isinstance(window, int) else (window or (None, None))
+    left, right = _window(call["local_window_size"])
     if call["is_causal"]:
         right = 0 if right is None else min(right, 0)
     return None if left is None and right is None else (left, right)

@@ -74,6 +74,13 @@ def _any_per_group(a, group, axis):
     return np.logical_or.reduceat(a, starts, axis=axis)
 
 
+def _div(a, b):
+    """``lax.div``: integers rounded toward zero (a zero divisor read as 1: an estimate)."""
+    if np.issubdtype(np.result_type(a, b), np.floating):
+        return np.true_divide(a, b)
+    return np.sign(a) * np.sign(b) * (np.abs(a) // np.maximum(np.abs(b), 1))
+
+
 #: NumPy forms of the primitives a mask of indices is written with.
 _OPS = {
     "add": np.add,
@@ -81,6 +88,8 @@ _OPS = {
     "mul": np.multiply,
     "neg": np.negative,
     "abs": np.abs,
+    "floor": np.floor,
+    "ceil": np.ceil,
     "sign": np.sign,
     "max": np.maximum,
     "min": np.minimum,
@@ -95,11 +104,9 @@ _OPS = {
     "xor": np.logical_xor,
     "not": np.logical_not,
     "rem": np.fmod,
-    "div": lambda a, b: np.sign(a) * np.sign(b) * (np.abs(a) // np.maximum(np.abs(b), 1)),
+    "div": _div,
     "select_n": lambda p, *cases: np.choose(p.astype(np.int64), cases),
-    "convert_element_type": lambda a: a,
     "copy": lambda a: a,
-    "copy_p": lambda a: a,
 }
 
 
@@ -122,6 +129,8 @@ def _run(jaxpr, args):
         inner = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr") if k in eqn.params), None)
         if inner is not None:
             outs = _run(inner, ins)
+        elif name == "convert_element_type":
+            outs = [ins[0].astype(eqn.params["new_dtype"])]
         elif name in _OPS:
             outs = [_OPS[name](*ins)]
         else:

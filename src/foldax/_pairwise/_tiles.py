@@ -104,8 +104,8 @@ def _fold(name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, row
         return tile(consts[:nk], xb, yb), (), ()
 
     # a kernel that contracts is a matrix product per tile: tiles long both ways (unless the
-    # monoid asks for its own, as the k smallest do)
-    # (smaller ones where a mask skips more of their pairs, see Masking.gemm_tile)
+    # monoid asks for its own, as the k smallest do; smaller where a mask skips more of their
+    # pairs, see Masking.gemm_tile)
     gemm = not cols and getattr(monoid, "dense_tile", None) is None
     preferred = GEMM_TILE if gemm else None
     if gemm and mask is not None and block is None:
