@@ -6,7 +6,7 @@ with the mean of the tokens before it, an unembedding ``nn.Dense`` whose kernel 
 The usual step forms ``logits = h @ kernel``, then the cross-entropy: at 8 sequences of 1,024
 tokens over a 32,768-word vocabulary those logits are 1 GiB in float32 and the step's gradient
 keeps more: the step's temp is 2.3 GB. With ``linear_cross_entropy(h, kernel, labels,
-w_layout="DV")`` the loss is a streamed fold and the step's temp is 154 MB, most of it the
+w_layout="DV")`` the loss is a streamed fold and the step's temp is 145 MB, most of it the
 model's own (the embedding's gradient, the blocks' activations). Run it:
 
     .venv/bin/python examples/lm_loss.py          # about 35 s on 2 CPU cores

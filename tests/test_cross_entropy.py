@@ -138,13 +138,17 @@ def test_ignored_and_out_of_range_labels(rng):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_half_precision_accumulates_in_float32(dtype, rng):
+@pytest.mark.parametrize("block_size", [None, (8, 128)])
+def test_half_precision_accumulates_in_float32(dtype, block_size, rng):
     """Half-precision ``h`` and ``w``: the loss in float32, the gradients in the inputs' dtype
-    and no less accurate (against float64) than those of the plain loss with float32 logits."""
+    and no less accurate (against float64) than those of the plain loss with float32 logits --
+    also in small tiles, with labels that repeat across tiles of tokens: each tile's share of
+    ``dh`` and ``dw`` (the label's ``-w`` and ``-h`` among them) is summed in float32 and the
+    gradients are rounded once."""
     t, v, d = 64, 2048, 64
     h = rng.standard_normal((t, d)).astype(F32)
     w = (0.2 * rng.standard_normal((v, d))).astype(F32)
-    labels = rng.integers(0, v, t).astype(np.int32)
+    labels = rng.integers(0, v if block_size is None else 4, t).astype(np.int32)
     with jax.enable_x64(True):
         h64, w64 = jnp.asarray(h, F64), jnp.asarray(w, F64)
         g64 = jax.grad(lambda h, w: reference(h, w, labels), (0, 1))(h64, w64)
@@ -156,7 +160,7 @@ def test_half_precision_accumulates_in_float32(dtype, rng):
         s = jax.nn.logsumexp(z, axis=-1)
         return jnp.mean(s - jnp.take_along_axis(z, jnp.asarray(labels)[:, None], 1)[:, 0])
 
-    ours = lambda h, w: foldax.linear_cross_entropy(h, w, labels)  # noqa: E731
+    ours = lambda h, w: foldax.linear_cross_entropy(h, w, labels, block_size=block_size)  # noqa: E731
     loss = jax.jit(ours)(hh, wh)
     assert loss.dtype == jnp.float32
     assert abs(float(loss) - float(want)) <= 1e-2 * abs(float(want))

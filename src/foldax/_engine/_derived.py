@@ -94,7 +94,7 @@ def _vjp_body(parent: Spec, shape: Shape, out_avals):
             f, nz_primals = _partial(
                 lambda c, s, r: parent.body(c, s, r, mask, index)[0], primals, shape.nz
             )
-            vals, pull = jax.vjp(f, *nz_primals)
+            vals, pull = jax.vjp(f, *_inputs(parent, nz_primals))
             flags = shape.gnz[: len(out_avals[0])]
             it = iter(g_slot)
             g = tuple(next(it) if fl else None for fl in flags)
@@ -104,7 +104,7 @@ def _vjp_body(parent: Spec, shape: Shape, out_avals):
             f, nz_primals = _partial(
                 lambda c, s, r: parent.body(c, s, r, mask, index), primals, shape.nz
             )
-            out, pull = jax.vjp(f, *nz_primals)
+            out, pull = jax.vjp(f, *_inputs(parent, nz_primals))
             own = _rows_own(kind, mask)
             axis = parent.plan.row_axis
             given_flat = iter([*g_slot, *g_tot, *(_mask_rows(axis, own, a) for a in g_row)])
@@ -121,6 +121,12 @@ def _vjp_body(parent: Spec, shape: Shape, out_avals):
         return tuple(ct_s), tuple(ct_c), tuple(ct_r)
 
     return body
+
+
+def _inputs(spec: Spec, primals):
+    """The tile's inputs a cotangent fold pulls back from: widened where the kernel widens them
+    first anyway (``spec.widen``), so that no share is rounded to half precision."""
+    return tuple(map(widened, primals)) if spec.widen else tuple(primals)
 
 
 def widened(ct):

@@ -38,7 +38,11 @@ class Spec:
     the mask itself is evaluated on every pair to find the live blocks. ``origin``: for a tangent
     fold (``derive("jvp", shape)``), ``(parent rule, shape)``: transposed in all its tangents,
     it is the parent's cotangent fold. ``direct``: the one XLA operation the fold is, when it
-    is not batched (:mod:`._direct`; its derived folds are direct too).
+    is not batched (:mod:`._direct`; its derived folds are direct too). ``widen``: ``body``
+    gives the same values when its half-precision inputs come widened to float32 (its kernel
+    widens them first): the cotangent folds pull each tile back from float32 inputs, so that a
+    tile's share is never rounded to half precision before the float32 sum (derived folds
+    inherit it).
     """
 
     plan: PlanSpec
@@ -55,6 +59,7 @@ class Spec:
     block_live: Callable | None = None
     origin: Any = None
     direct: str | None = None
+    widen: bool = False
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)

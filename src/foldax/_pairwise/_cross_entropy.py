@@ -1,5 +1,5 @@
 """``linear_cross_entropy``: a language model's loss ``logsumexp_v(h . w_v) - h . w_label``
-from its last hidden states and its unembedding, one pairwise log-sum-exp fold over the
+from its last hidden states and its unembedding, one pairwise cross-entropy fold over the
 vocabulary: the ``(T, V)`` logits are never formed, forward or backward."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 from jax import lax
 
 from .. import _shard
+from .._reductions import CrossEntropy
 from ._reduce import reduce_pairs
 
 if TYPE_CHECKING:
@@ -105,34 +106,19 @@ def _vocabulary(axes, v_local):
     return _shard.device_index(axes) * v_local, size * v_local
 
 
-def _gathered(axes, local):
-    return lax.psum(local, axes) if axes else local
-
-
-def _label_logits(h, w, labels, first, acc, cap):
-    """``z[t, labels[t]]`` ``(N,)``, each from its own row of ``w`` (on a mesh, the device that
-    holds the label's row gives it; the others 0); and whether this device holds it."""
-    local = labels - first
-    here = (local >= 0) & (local < w.shape[0])
-    rows = jnp.take(w, jnp.clip(local, 0, w.shape[0] - 1), axis=0)
-    z = jnp.einsum("nd,nd->n", h, rows, preferred_element_type=acc)
-    return jnp.where(here, _capped(z, cap), jnp.zeros((), acc))
-
-
-def _mean_logits(h, w, acc, cap, block_size, axes, v):
-    """``mean_v z[t, v]`` ``(N,)``: without a cap ``h . mean_v w_v``; with one, a sum fold."""
-    if cap is None:
-        total = _gathered(axes, jnp.sum(w, axis=0, dtype=acc))
-        return jnp.einsum("nd,d->n", h, total, preferred_element_type=acc) / v
+def _kernel(acc, cap, eps, v):
+    """The pair kernel ``(z, q)``: the (soft-capped) logit of a token and a vocabulary row, and
+    the row's target weight for the token, ``(1 - eps) [row == label] + eps / V``."""
+    smooth = not _is_zero(eps)
+    hit = jnp.asarray(1, acc) - jnp.asarray(eps, acc) if smooth else jnp.ones((), acc)
+    rest = jnp.asarray(eps, acc) / v if smooth else None
 
     def kernel(a, b):
-        return _capped(_dot(a, b, acc), cap)
+        (h, label), (w, row) = a, b
+        q = jnp.where(row == label, hit, jnp.zeros((), acc))
+        return _capped(_dot(h, w, acc), cap), q if rest is None else q + rest
 
-    s = reduce_pairs(
-        _NAME, kernel, h, w, reduction="sum", k=None, block_size=block_size, mask=None,
-        segment_ids=None, axis_name=axes or None,
-    )  # fmt: skip
-    return s / v
+    return kernel
 
 
 def linear_cross_entropy(
@@ -186,13 +172,17 @@ def linear_cross_entropy(
       half-precision inputs (logits, sums and gradients are accumulated in float32), else the
       inputs' dtype; with ``return_lse`` the pair ``(loss, lse)``.
 
-    Memory and derivatives: one log-sum-exp fold over tiles of tokens by vocabulary rows
-    (``O(tile + T + V)`` temp beyond the inputs; with half-precision inputs on CPU, XLA also
-    widens the whole of ``w`` to float32 once, before the loop, as it multiplies half-precision
-    matrices in float32; and the gradient of ``w`` is summed in a float32 ``(V, D)`` buffer). Its gradient is streamed too: it saves the
-    ``(T,)`` log-sum-exps and recomputes each tile of logits, accumulating ``dh`` and ``dw``;
-    the label logits' gradient is a gather of ``T`` rows of ``w`` and their scatter back.
-    ``jax.jvp``, ``jax.hessian`` and ``vmap`` compose as with every fold.
+    Memory and derivatives: one fold over tiles of tokens by vocabulary rows computes each
+    token's log-sum-exp and its target's logit together (the cross-entropy against target
+    weights ``q = (1 - eps) onehot + eps / V``), ``O(tile + T)`` temp beyond the inputs; no row
+    of ``w`` is gathered per label. Its gradient is one streamed fold too: it saves the ``(T,)``
+    log-sum-exps and recomputes each tile of logits, pulling ``p - q`` back into ``dh`` and
+    ``dw`` in float32 (for half-precision inputs each tile's share is formed from the widened
+    tile and the sums are narrowed once, at the end: the gradients are as accurate as the plain
+    loss's with float32 logits). The gradient of a half-precision ``w`` is summed in a float32
+    ``(V, D)`` buffer; on jax < 0.11, XLA:CPU also widens the whole of a half-precision ``w`` to
+    float32 before the loop (it cannot slice half-precision arrays). ``jax.jvp``,
+    ``jax.hessian`` and ``vmap`` compose as with every fold.
 
     Example:
       >>> import jax.numpy as jnp, foldax
@@ -211,21 +201,14 @@ def linear_cross_entropy(
     shape, d = labels.shape, h.shape[-1]
     hf, lab = h.reshape(-1, d), labels.reshape(-1).astype(jnp.int32)
     first, v = _vocabulary(axes, w.shape[0])
-    cap = logit_soft_cap
-
-    def kernel(a, b):
-        return _capped(_dot(a, b, acc), cap)
-
-    lse = reduce_pairs(
-        _NAME, kernel, hf, w, reduction="logsumexp", k=None, block_size=block_size, mask=None,
-        segment_ids=None, axis_name=axis_name,
+    ids = first + jnp.arange(w.shape[0], dtype=jnp.int32)  # the global id of each row of w
+    loss, lse = reduce_pairs(
+        _NAME, _kernel(acc, logit_soft_cap, label_smoothing, v), (hf, lab), (w, ids),
+        reduction=CrossEntropy(), k=None, block_size=block_size, mask=None, segment_ids=None,
+        axis_name=axis_name, widen=True,
     )  # fmt: skip
-    eps, z2 = (jnp.asarray(a, acc) for a in (label_smoothing, z_loss))
-    loss = lse - (1 - eps) * _gathered(axes, _label_logits(hf, w, lab, first, acc, cap))
-    if not _is_zero(label_smoothing):
-        loss = loss - eps * _mean_logits(hf, w, acc, cap, block_size, axes, v)
     if not _is_zero(z_loss):
-        loss = loss + z2 * lse**2
+        loss = loss + jnp.asarray(z_loss, acc) * lse**2
     kept = lab != ignore_index
     valid = (lab >= 0) & (lab < v)
     loss = jnp.where(kept, jnp.where(valid, loss, jnp.nan), jnp.zeros((), loss.dtype))

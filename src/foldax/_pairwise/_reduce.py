@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _eager, _shard
-from .._reductions import SoftmaxSum, WeightedLogSumExp
+from .._reductions import Monoid, SoftmaxSum, WeightedLogSumExp
 from ._kernel import (
     _check_kernel_output,
     _is_pair,
@@ -171,19 +171,25 @@ def reduce_pairs(
     residual=False,
     pairs=None,
     band=None,
+    widen=False,
 ):
     """:func:`pairwise_reduce` for the public function ``name``; with ``residual`` (softmax on
     one device) the pair ``(out, log-sum-exp of each row's logits)``; ``pairs``: a boolean
     ``(M, N)`` array of the pairs kept, besides ``mask`` (its blocks without one are skipped);
-    ``band``: static bounds of the pairs ``mask`` keeps (see :func:`._masks.check_masking`)."""
+    ``band``: static bounds of the pairs ``mask`` keeps (see :func:`._masks.check_masking`);
+    ``widen``: ``kernel`` widens its half-precision inputs to float32 first (its tiles'
+    cotangents are then formed in float32, see :class:`foldax._engine.Spec`)."""
     if not callable(kernel):
         raise TypeError(f"{name}: kernel must be callable, got {type(kernel).__name__}.")
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
-    monoid = _monoid_for(name, reduction, k, n)
+    # a monoid instance: a public function's own reduction (its values checked by it)
+    own = isinstance(reduction, Monoid)
+    monoid = reduction if own else _monoid_for(name, reduction, k, n)
     aval = _kernel_aval(name, kernel, x, y)
     if reduction == "logsumexp" and _is_pair(aval):
         monoid = WeightedLogSumExp()
-    _check_kernel_output(name, monoid, aval)
+    if not own:
+        _check_kernel_output(name, monoid, aval)
     unpack = None
     if isinstance(monoid, SoftmaxSum):
         kernel, unpack = _packed_values(kernel, aval[1])
@@ -192,7 +198,9 @@ def reduce_pairs(
     on_mesh = split is not None or bool(axes)
     mask = check_masking(name, mask, segment_ids, m, n, on_mesh, pairs, band)
     if split is None:
-        out = _local(name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask, raw=residual)
+        out = _local(
+            name, kernel, x, y, monoid, block_size, m, n, axes, mask=mask, raw=residual, widen=widen
+        )
     elif residual:
         raise ValueError(f"{name}: return_residual is not supported with sharded inputs yet.")
     else:

@@ -54,7 +54,9 @@ def _block_sizes(name, block_size, m, n):
     return min(bi, m), min(bj, n)
 
 
-def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw=False):
+def pairwise(
+    name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw=False, widen=False
+):
     """``monoid``-reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``: one engine fold.
 
     The rows of ``x`` are the fold's slots, the rows of ``y`` (walked transposed, see ``tile``)
@@ -64,7 +66,8 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw
     states are all-reduced and indices are global), ``ring`` the axes that split both: the blocks
     of ``y`` go round the devices (``ppermute``) and come home with their cotangents.
     ``mask``: a :class:`._masks.Masking` or ``None``; ``raw``: the monoid's outputs, not its
-    public result (a softmax's log-sum-exps too).
+    public result (a softmax's log-sum-exps too); ``widen``: the kernel's first act is to widen
+    its half-precision inputs to float32 (see :class:`foldax._engine.Spec`).
     """
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
     if m == 0 or n == 0:
@@ -77,7 +80,9 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw
     yj = jax.tree.map(lambda a: _shard.example(a, jnp.shape(a)[1:], axes), y)
     replay, consts = _shard.replayable(kernel, xi, yj)
     conv = lambda a, b, *c: replay(c)(a, b)  # noqa: E731
-    fold_of = lambda kernel: functools.partial(_fold, name, xi, yj, block, axes, ring, kernel)  # noqa: E731
+    fold_of = lambda kernel: functools.partial(  # noqa: E731
+        _fold, name, xi, yj, block, axes, ring, kernel, widen=widen
+    )
     run = fold_of(conv)
     if not axes and not ring:  # min-family reductions of squared distances in high dimension
         run = _distances.nearest(conv, tuple(consts), xi, yj, monoid, fold_of) or run
@@ -85,7 +90,9 @@ def pairwise(name, kernel, x, y, monoid, block, axes=(), ring=(), mask=None, raw
     return tuple(outs) if raw else monoid.result(outs)
 
 
-def _fold(name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, rows_first=False):
+def _fold(
+    name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, rows_first=False, widen=False
+):
     """``(outputs, monoid)``: the engine fold of ``conv(x[i], y[j], *consts)`` (the monoid
     :func:`_tile_fn` reduces with, which may be ``monoid``'s shared form); ``rows_first``:
     never walk ``y`` transposed (no copy of it)."""
@@ -122,6 +129,7 @@ def _fold(name, xi, yj, block, axes, ring, conv, monoid, consts, x, y, mask, row
         name=name,
         pair_mask=pair_mask,
         block_live=block_live,
+        widen=widen,
     )
     # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
     rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves
@@ -177,7 +185,9 @@ def _tile_fn(conv, consts, xi, yj, monoid, rows_first=False, pair_masked=False):
     return tile, shared, not contracts
 
 
-def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=None, raw=False):
+def _local(
+    name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=None, raw=False, widen=False
+):
     """On one device, or inside ``shard_map`` with the rows of ``y`` split over ``axes`` (its
     states all-reduced) or over ``ring`` (axes that split ``x`` too: its blocks go round)."""
     block = _block_sizes(name, block_size, m, n)
@@ -191,7 +201,7 @@ def _local(name, kernel, x, y, monoid, block_size, m, n, axes, ring=(), mask=Non
                 f"rows of y (the reduced axis) and every device must hold the same rows of x; "
                 f"replicate x along it (in_specs P() for x), or split x over another mesh axis."
             )
-    return pairwise(name, kernel, x, y, monoid, block, axes, ring, mask, raw)
+    return pairwise(name, kernel, x, y, monoid, block, axes, ring, mask, raw, widen)
 
 
 def _empty(monoid, kernel, x, y, m, raw=False):

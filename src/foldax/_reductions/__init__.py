@@ -36,6 +36,7 @@ A new reduction is a new monoid; the engine in :mod:`foldax._engine` never chang
 
 from ._base import NO_INDEX as NO_INDEX
 from ._base import Monoid as Monoid
+from ._cross_entropy import CrossEntropy as CrossEntropy
 from ._extremum import ArgExtremum as ArgExtremum
 from ._extremum import ExtremumWithIndex as ExtremumWithIndex
 from ._extremum import Max as Max
