@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _shard
+from .. import _engine, _shard
 from .._reductions import CrossEntropy
 from ._reduce import reduce_pairs
 
@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 
 _NAME = "foldax.linear_cross_entropy"
 _REDUCTIONS = ("mean", "sum", "none")
+#: How many times the planner's probe over-counts this fold's bytes per pair: it counts every
+#: intermediate of a tile's jaxpr unfused (64 bytes a pair), where XLA keeps about 16 (the
+#: logits, target weights and softmax fuse). Planned with the budget it would count, a tile is
+#: the matrix product the budget really allows: 1,024 tokens x 1,024 vocabulary rows at the
+#: default (9 MB temp at T = 8,192, V = 131,072, D = 512; 256 x 1,024 otherwise, 1.13x slower
+#: with its gradient).
+_PROBE_OVERCOUNT = 4
 
 
 def _fail(what, fix, kind=ValueError):
@@ -202,11 +209,12 @@ def linear_cross_entropy(
     hf, lab = h.reshape(-1, d), labels.reshape(-1).astype(jnp.int32)
     first, v = _vocabulary(axes, w.shape[0])
     ids = first + jnp.arange(w.shape[0], dtype=jnp.int32)  # the global id of each row of w
-    loss, lse = reduce_pairs(
-        _NAME, _kernel(acc, logit_soft_cap, label_smoothing, v), (hf, lab), (w, ids),
-        reduction=CrossEntropy(), k=None, block_size=block_size, mask=None, segment_ids=None,
-        axis_name=axis_name, widen=True,
-    )  # fmt: skip
+    with _engine.memory_budget(_PROBE_OVERCOUNT * _engine.current_budget()):
+        loss, lse = reduce_pairs(
+            _NAME, _kernel(acc, logit_soft_cap, label_smoothing, v), (hf, lab), (w, ids),
+            reduction=CrossEntropy(), k=None, block_size=block_size, mask=None,
+            segment_ids=None, axis_name=axis_name, widen=True,
+        )  # fmt: skip
     if not _is_zero(z_loss):
         loss = loss + jnp.asarray(z_loss, acc) * lse**2
     kept = lab != ignore_index
