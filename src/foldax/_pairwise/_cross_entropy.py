@@ -116,14 +116,17 @@ def _vocabulary(axes, v_local):
 def _kernel(acc, cap, eps, v):
     """The pair kernel ``(z, q)``: the (soft-capped) logit of a token and a vocabulary row, and
     the row's target weight for the token, ``(1 - eps) [row == label] + eps / V``."""
+    # Python numbers where the option is known: no array for the fold to carry as a constant
+    # (and differentiate); a traced one (a schedule) is an array, and takes its derivative
+    e = _concrete(eps)
+    e = jnp.asarray(eps, acc) if e is None else e
     smooth = not _is_zero(eps)
-    hit = jnp.asarray(1, acc) - jnp.asarray(eps, acc) if smooth else jnp.ones((), acc)
-    rest = jnp.asarray(eps, acc) / v if smooth else None
+    hit, rest = (1 - e, e / v) if smooth else (1.0, None)
 
     def kernel(a, b):
         (h, label), (w, row) = a, b
-        q = jnp.where(row == label, hit, jnp.zeros((), acc))
-        return _capped(_dot(h, w, acc), cap), q if rest is None else q + rest
+        q = jnp.where(row == label, jnp.asarray(hit, acc), jnp.zeros((), acc))
+        return _capped(_dot(h, w, acc), cap), q if rest is None else q + jnp.asarray(rest, acc)
 
     return kernel
 
@@ -228,6 +231,14 @@ def linear_cross_entropy(
     else:
         out = jnp.sum(loss) / jnp.sum(kept).astype(acc)
     return (out, lse.reshape(shape).astype(acc)) if return_lse else out
+
+
+def _concrete(value):
+    """A concrete option as a Python float, else ``None`` (a traced one, e.g. a schedule)."""
+    try:
+        return float(value)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
 
 
 def _is_zero(value):
