@@ -13,6 +13,7 @@ from helpers import assert_allclose
 from jax.test_util import check_grads
 
 import foldax
+from foldax import _eager
 from foldax.memory import report
 
 F32, F64 = np.float32, np.float64
@@ -239,3 +240,40 @@ def test_under_vmap_and_jit(rng):
         want = jax.value_and_grad(f)(h[b], labels[b])
         for g, e in zip(got, want, strict=True):
             assert_allclose(g[b], e, dtype=F32, scale=4.0)
+
+
+def test_eager_calls_reuse_one_executable(rng):
+    """A training loop's eager calls (new tokens, new labels, and an eager ``jax.grad``) run one
+    cached executable each, with the right values."""
+    h, w, labels = _data(rng, dtype=F32)
+    f = foldax.linear_cross_entropy
+    grad = jax.grad(f, (0, 1))
+    f(h, w, labels), grad(h, w, labels)
+    entries = len(_eager.CACHE)
+    compiles = []
+    listener = lambda event, *a, **k: compiles.append(event)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        batches = [_data(rng, dtype=F32) for _ in range(3)]
+        got = [(f(hb, w, lb), grad(hb, w, lb)) for hb, _, lb in batches]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert "/jax/core/compile/backend_compile_duration" not in compiles
+    assert len(_eager.CACHE) == entries
+    for (hb, _, lb), (loss, grads) in zip(batches, got, strict=True):
+        assert_allclose(loss, reference(hb, w, lb), dtype=F32)
+        for g, e in zip(grads, jax.grad(reference, (0, 1))(hb, w, lb), strict=True):
+            assert_allclose(g, e, dtype=F32, scale=4.0)
+
+
+def test_a_traced_label_smoothing_takes_its_derivative(rng):
+    """``label_smoothing`` from a schedule (traced): the loss and its derivative in ``eps``
+    equal the plain smoothed loss's, in float64."""
+    h, w, labels = _data(rng)
+    with jax.enable_x64(True):
+        ours = lambda eps: foldax.linear_cross_entropy(h, w, labels, label_smoothing=eps)  # noqa: E731
+        plain = lambda eps: reference(h, w, labels, eps=eps)  # noqa: E731
+        got = jax.jit(jax.value_and_grad(ours))(jnp.asarray(0.1, F64))
+        want = jax.value_and_grad(plain)(jnp.asarray(0.1, F64))
+        for g, e in zip(got, want, strict=True):
+            assert_allclose(g, e, dtype=F64)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _engine, _shard
+from .. import _eager, _engine, _shard
 from .._reductions import CrossEntropy
 from ._reduce import reduce_pairs
 
@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 _NAME = "foldax.linear_cross_entropy"
 _REDUCTIONS = ("mean", "sum", "none")
 #: How many times the planner's probe over-counts this fold's bytes per pair: it counts every
-#: intermediate of a tile's jaxpr unfused (64 bytes a pair), where XLA keeps about 16 (the
-#: logits, target weights and softmax fuse). Planned with the budget it would count, a tile is
-#: the matrix product the budget really allows: 1,024 tokens x 1,024 vocabulary rows at the
-#: default (9 MB temp at T = 8,192, V = 131,072, D = 512; 256 x 1,024 otherwise, 1.13x slower
-#: with its gradient).
+#: intermediate of a tile's jaxpr unfused (64 bytes a pair), where XLA's fused tile keeps 9
+#: (forward) to 13 (with the gradient). Planned with the budget it would count, a tile is the
+#: matrix product the budget really allows: 1,024 tokens x 1,024 vocabulary rows at the default
+#: (9.0 / 13.2 MB temp at T = 8,192, V = 131,072, D = 512; 256 x 1,024 otherwise, 1.13x slower
+#: with its gradient on 2 CPU cores).
 _PROBE_OVERCOUNT = 4
 
 
@@ -131,6 +131,7 @@ def _kernel(acc, cap, eps, v):
     return kernel
 
 
+@_eager.cached(dynamic=("h", "w", "labels"))
 def linear_cross_entropy(
     h: Float[Array, "*batch D"],
     w: Float[Array, "V D"],
@@ -243,7 +244,4 @@ def _concrete(value):
 
 def _is_zero(value):
     """Whether an option is a concrete 0 (then its term is left out of the program)."""
-    try:
-        return float(value) == 0.0
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return False
+    return _concrete(value) == 0.0

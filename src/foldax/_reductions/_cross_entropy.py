@@ -74,11 +74,10 @@ class CrossEntropy(LogSumExp):
         z, q = v
         ok, p = self._weights(z, mask, info)
         g_loss, g_picked = (_per_row(g[i], p) for i in (0, 3))
-        qa = jnp.where(ok, q.astype(p.dtype), jnp.zeros((), p.dtype))
+        qa, za = _counted(z, q, ok, p.dtype)
         # d loss = p dz - q dz - z dq;  d picked = q dz + z dq
         # a zero cotangent pulls back to zero even where p is not a number (as LogSumExp's)
         dz = jnp.where(g_loss == 0, jnp.zeros((), p.dtype), g_loss * p) + (g_picked - g_loss) * qa
-        za = jnp.where(ok & jnp.isfinite(z), z.astype(p.dtype), jnp.zeros((), p.dtype))
         dq = (g_picked - g_loss) * za
         return (dz.astype(z.dtype), dq.astype(q.dtype))
 
@@ -86,8 +85,7 @@ class CrossEntropy(LogSumExp):
         (z, q), (dz, dq) = v, dv
         ok, p = self._weights(z, mask, info)
         dz, dq = (jnp.where(ok, a.astype(p.dtype), jnp.zeros((), p.dtype)) for a in (dz, dq))
-        qa = jnp.where(ok, q.astype(p.dtype), jnp.zeros((), p.dtype))
-        za = jnp.where(ok & jnp.isfinite(z), z.astype(p.dtype), jnp.zeros((), p.dtype))
+        qa, za = _counted(z, q, ok, p.dtype)
         t_picked = jnp.sum(qa * dz + za * dq, axis=1)
         t_loss = jnp.sum(p * dz, axis=1) - t_picked
         zero = jnp.zeros_like(t_loss)
@@ -98,6 +96,15 @@ def _picked(z, q, ok, acc):
     """``q * z`` where the pair counts and its weight is nonzero, else 0, in ``acc``."""
     keep = ok & (q != 0)
     return jnp.where(keep, q.astype(acc) * z.astype(acc), jnp.zeros((), acc))
+
+
+def _counted(z, q, ok, dtype):
+    """``(q, z)`` where the pair counts (``z`` where it is finite too), else 0, in ``dtype``."""
+    zero = jnp.zeros((), dtype)
+    return (
+        jnp.where(ok, q.astype(dtype), zero),
+        jnp.where(ok & jnp.isfinite(z), z.astype(dtype), zero),
+    )
 
 
 def _per_row(g, like):
