@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from foldax._tools import bench as _bench
+from foldax._tools.bench import _lm_loss as _bench_lm_loss
 
 ROOT = Path(__file__).parent.parent
 #: The runs compile every workload and time nothing that is checked: LLVM's optimisation level 0
@@ -58,7 +59,9 @@ def test_quick_run_measures_every_workload(quick_run):
         assert rows, name
         for r in rows:
             assert r["seconds"] > 0 and math.isfinite(r["seconds"]), r
-            assert r["rel_err"] is None or r["rel_err"] < 1e-3, r
+            # (an optional peer's error is what it is: measured and reported, not ours to bound)
+            peer = r["impl"] in _bench_lm_loss.PEER_OF
+            assert r["rel_err"] is None or peer or r["rel_err"] < 1e-3, r
     impls = {r["impl"] for r in results["workloads"]["seed"]}
     assert {"global-max segment_sum", "pad-and-scan", "slicing loop", "foldax"} <= impls
     sharded = results["workloads"]["sharded"]

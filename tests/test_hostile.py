@@ -562,3 +562,50 @@ def test_attention_of_empty_sequences_and_heads(t, s, h):
     np.testing.assert_array_equal(got, want)
     grad = jax.grad(lambda q: foldax.dot_product_attention(q, k, v, is_causal=t == s).sum())(q)
     assert grad.shape == q.shape
+
+
+# ----------------------------------------------------------------------------------------------
+# Half-precision cotangents of y, narrowed one block of rows at a time
+
+
+def _half_attention(q, k, v):
+    kernel = lambda qi, kv: (jnp.dot(qi, kv[0], preferred_element_type=jnp.float32), kv[1])  # noqa: E731
+    out = foldax.pairwise_reduce(kernel, q, (k, v), reduction="softmax", block_size=(8, 16))
+    return out.astype(jnp.float32)
+
+
+@pytest.mark.parametrize("how", ["grad", "vmap", "second order"])
+def test_half_precision_row_cotangents_walked_by_blocks_of_rows(how, rng, monkeypatch):
+    """The gradient of a pairwise fold with bfloat16 ``y`` walks ``y``'s blocks outermost and
+    rounds each block's float32 sum once, when it is complete: bit for bit the gradient of the
+    walk that keeps every row's float32 sum to the end (the same sums in the same order), also
+    with a last block that overlaps the one before it (50 rows in blocks of 16), under ``vmap``
+    and in the second-order fold."""
+    from foldax._engine import _loop
+
+    q = jnp.asarray(rng.standard_normal((2, 40, 8)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((2, 50, 8)), jnp.bfloat16) for _ in range(2))
+    w = jnp.asarray(rng.standard_normal((40, 8)), jnp.float32)
+    loss = lambda q, k, v: jnp.sum(w * _half_attention(q, k, v))  # noqa: E731
+    if how == "grad":
+        f = lambda q, k, v: jax.grad(loss, (0, 1, 2))(q[0], k[0], v[0])  # noqa: E731
+    elif how == "vmap":
+        f = jax.vmap(jax.grad(loss, (0, 1, 2)))
+    else:  # the tangent of the cotangent fold (its outputs narrowed the same way)
+        g = lambda k: jax.grad(loss, 2)(q[0], k, v[0]).astype(jnp.float32)  # noqa: E731
+        f = lambda q, k, v: jax.jvp(g, (k[0],), (k[1],))  # noqa: E731
+    chosen = []
+    rows_outer = _loop._rows_outer
+    monkeypatch.setattr(_loop, "_rows_outer", lambda *a: chosen.append(rows_outer(*a)) or False)
+    want = jax.jit(lambda *a: f(*a))(q, k, v)
+    assert any(chosen), "the test's folds would not be walked by blocks of rows"
+    monkeypatch.setattr(_loop, "_rows_outer", rows_outer)
+    got = jax.jit(lambda *a: f(*a))(q, k, v)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    if how == "grad":  # and right: against the float32 inputs' gradient
+        up = [x.astype(jnp.float32) for x in (q[0], k[0], v[0])]
+        for a, b in zip(got, jax.grad(loss, (0, 1, 2))(*up), strict=True):
+            assert a.dtype == jnp.bfloat16
+            assert_allclose(a, b, dtype=jnp.bfloat16, scale=float(jnp.max(jnp.abs(b))))

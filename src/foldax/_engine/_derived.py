@@ -131,10 +131,20 @@ def _inputs(spec: Spec, primals):
 
 def widened(ct):
     """A cotangent as the cotangent fold sums it: half-precision ones in float32 (each tile's
-    share is rounded once, never the running sum; the fold's caller narrows the total)."""
-    if ct is None or not hasattr(ct, "dtype") or not jnp.issubdtype(ct.dtype, jnp.floating):
+    share is rounded once, never the running sum; the fold narrows each total once, when it is
+    complete: ``Spec.out_dtypes``)."""
+    if ct is None or not hasattr(ct, "dtype"):
         return ct
-    return ct.astype(jnp.float32) if jnp.dtype(ct.dtype).itemsize < 4 else ct
+    wide = widened_dtype(ct.dtype)
+    return ct if wide == ct.dtype else ct.astype(wide)
+
+
+def widened_dtype(dtype):
+    """The dtype a cotangent fold sums ``dtype`` in: float32 for half-precision floats."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+        return jnp.dtype(jnp.float32)
+    return dtype
 
 
 def _unflag(picked, nz, nc, ns):

@@ -11,6 +11,7 @@ from jax import lax
 
 from .. import _shard
 from .._jax import ShapedArray
+from ._derived import widened_dtype
 from ._plan import make_plan, preferred_tile
 from ._probe import _probe_avals
 from ._spec import _aval, _index, _with_rows
@@ -29,7 +30,26 @@ def _out_avals(spec, avals):
         slot = tuple(sds((num, *a.shape[1:]), a.dtype) for a in vals)
     rowo = tuple(sds(_with_rows(a.shape, spec.plan.row_axis, n), a.dtype) for a in rowvals)
     shaped = lambda a: ShapedArray(a.shape, a.dtype)  # noqa: E731
-    return jax.tree.map(shaped, (tuple(slot), tuple(tots), rowo))
+    return _narrowed(spec, jax.tree.map(shaped, (tuple(slot), tuple(tots), rowo)))
+
+
+def _narrowed(spec, outs):
+    """Outputs (arrays or avals) in ``spec.out_dtypes`` where it gives them."""
+    if spec.out_dtypes is None:
+        return outs
+    cast = lambda a, d: a.update(dtype=d) if isinstance(a, ShapedArray) else a.astype(d)  # noqa: E731
+    return tuple(
+        tuple(cast(a, d) for a, d in zip(part, dtypes, strict=True))
+        for part, dtypes in zip(outs, spec.out_dtypes, strict=True)
+    )
+
+
+def _sums(spec, out_avals):
+    """The avals of the sums a fold keeps for ``out_avals``: as wide as its body makes them
+    (:func:`._derived.widened_dtype`) where ``spec.out_dtypes`` narrows them."""
+    if spec.out_dtypes is None:
+        return out_avals
+    return jax.tree.map(lambda a: a.update(dtype=widened_dtype(a.dtype)), out_avals)
 
 
 def _typed_out_avals(spec, avals):
@@ -61,7 +81,8 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
     first = _shard.device_index(spec.axes) * n if spec.axes else 0
     tile = preferred_tile(spec.plan, mon)
     plan0 = make_plan(spec.plan, arrays, units, first, tile, whole)
-    row_aval, start = _initial_states(spec, plan0, out_avals, (arrays, consts, slots, rows))
+    sums = _sums(spec, out_avals)
+    row_aval, start = _initial_states(spec, plan0, sums, (arrays, consts, slots, rows))
 
     def step(plan, rows, carry_t, _, block=False):
         """One tile: its values folded into the slot states (all of them, or with ``block``
@@ -90,7 +111,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
         def outer(c, _):  # one block of slots: its states carried through the j loop
             (st, tot, bufs), ti = c
             si = plan.block_start(ti)
-            init = (plan.gather(st, si), tot, bufs)
+            init = (plan.block_of(st, si), tot, bufs)
             if spec.pair_mask is None and whole:  # one tile of every column
                 (st_b, tot, bufs), _ = step(plan, rows, (init, ti), None, "only")[0]
             elif spec.pair_mask is None:
@@ -113,6 +134,11 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
     carry = _shard.to_varying(start, axes, skip=(1,))
     if not axes:  # (on a mesh the initial states keep the varying types given them above)
         carry = _not_before(carry, (consts, slots, rows))
+    if _rows_outer(spec, sums, out_avals, whole):
+        narrow = tuple(jnp.zeros(a.shape, a.dtype) for a in out_avals[2])
+        carry = (*carry[:2], _not_before(narrow, (consts, slots, rows)))
+        st, tot, bufs = _walk_rows_outer(spec, plan0, carry, consts, slots, rows)
+        return _narrowed(spec, (_final_states(spec, st, row_aval), tot, bufs))
     if axes and _shard.types_checked(axes):
         block = spec.plan.kind == "dense"
         one = lambda c: step(plan0, rows, (c, jnp.zeros((), jnp.int32)), None, block)[0][0]  # noqa: E731
@@ -121,7 +147,56 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
         st, tot, bufs = sweep(carry, rows, first)
     else:
         st, tot, bufs = _around(spec.ring, n, sweep, carry, rows)
-    return _final_states(spec, st, row_aval), tot, bufs
+    return _narrowed(spec, (_final_states(spec, st, row_aval), tot, bufs))
+
+
+def _rows_outer(spec, sums, out_avals, whole) -> bool:
+    """Whether a fold walks its rows outermost (:func:`_walk_rows_outer`): an additive dense
+    fold, on one device and unmasked, whose row outputs are narrower than the sums it keeps of
+    them (a half-precision ``y``'s cotangent)."""
+    if spec.monoid is not None or spec.plan.kind != "dense" or whole:
+        return False
+    if spec.axes or spec.ring or spec.pair_mask is not None:
+        return False
+    return any(s.dtype != o.dtype for s, o in zip(sums[2], out_avals[2], strict=True))
+
+
+def _walk_rows_outer(spec, plan, carry, consts, slots, rows):
+    """An additive dense fold walked one block of rows at a time, every block of slots inside
+    (``i`` fastest): each block's row sums are complete when its inner loop ends and are
+    narrowed to the row outputs' dtype then (``carry``'s row buffers are narrow already). The
+    ``j``-fastest walk holds every row's sum, as wide as the body makes it, until the end: for a
+    half-precision ``y`` of ``n`` rows a float32 ``(n, ...)`` buffer; here the wide sums are the
+    slots' (``(m, ...)``) and one block of rows."""
+    ax = plan.row_axis
+
+    def inner(c, _):
+        (st, tot, block), t = c
+        s = plan.load(rows, t)
+        vals, tots, rowvals = spec.body(
+            consts, plan.gather(slots, s.slots), s.rows, s.mask, s.index
+        )
+        st = plan.put(st, s.slots, jax.tree.map(jnp.add, plan.block_of(st, s.slots), vals))
+        tot = tuple(a + b for a, b in zip(tot, tots, strict=True))
+        block = tuple(a + b for a, b in zip(block, rowvals, strict=True))
+        return ((st, tot, block), t + plan.steps_j), None
+
+    def outer(c, _):
+        # last block first: the clamped last block overlaps the one before it, which is
+        # written after it, over the overlap (a block's rows are written, never read back)
+        (st, tot, bufs), tj = c
+        sj = plan.cells(tj, plan.n, plan.bj)[0]
+        block = tuple(jnp.zeros(_with_rows(b.shape, ax, plan.bj), sum_dtype(b)) for b in bufs)
+        (st, tot, block), _ = lax.scan(inner, ((st, tot, block), tj), None, length=plan.steps_i)[0]
+        bufs = tuple(
+            lax.dynamic_update_slice_in_dim(b, k.astype(b.dtype), sj, ax % b.ndim)
+            for b, k in zip(bufs, block, strict=True)
+        )
+        return ((st, tot, bufs), tj - 1), None
+
+    sum_dtype = lambda b: widened_dtype(b.dtype)  # noqa: E731
+    last = jnp.asarray(plan.steps_j - 1, jnp.int32)
+    return lax.scan(outer, (carry, last), None, length=plan.steps_j)[0][0]
 
 
 def _update(spec, plan, s, carry, block, consts, slots):
@@ -164,7 +239,7 @@ def _typed_tots(carry, one_step, dense_plan):
     """``carry`` with its sums over every row (tots) typed as the body makes them: complete on
     every device where the body sums over devices itself (a replicated parameter's cotangent).
     ``one_step(carry)``: one step (of the first block of slots of ``dense_plan``, if any)."""
-    probe = (dense_plan.gather(carry[0], 0) if dense_plan else carry[0], *carry[1:])
+    probe = (dense_plan.block_of(carry[0], 0) if dense_plan else carry[0], *carry[1:])
     typed = jax.make_jaxpr(one_step)(probe).out_avals
     typed = jax.tree.unflatten(jax.tree.structure(probe), typed)
     return (carry[0], _shard.like(carry[1], typed[1]), carry[2])

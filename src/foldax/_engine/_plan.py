@@ -351,14 +351,17 @@ class BlockPlan:
     def load(self, rows, t):
         si, own_i = self._block(t // self.steps_j, self.m, self.bi)
         sj, own_j = self._block(t % self.steps_j, self.n, self.bj)
-        rows = jax.tree.map(
-            lambda a: lax.dynamic_slice_in_dim(a, sj, self.bj, self.row_axis % a.ndim), rows
-        )
+        rows = jax.tree.map(lambda a: _slice_input(a, sj, self.bj, self.row_axis % a.ndim), rows)
         index = self.first + sj + jnp.arange(self.bj, dtype=jnp.int32)
         return Step(rows, si, own_i[:, None] & own_j[None, :], sj, own_j, index)
 
     def gather(self, slots, si):
-        return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, si, self.bi), slots)
+        """Block ``si`` of the slots' inputs."""
+        return jax.tree.map(lambda a: _slice_input(a, si, self.bi, 0), slots)
+
+    def block_of(self, states, si):
+        """Block ``si`` of the slots' states (a carry, updated in place by :meth:`put`)."""
+        return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, si, self.bi), states)
 
     def block_start(self, ti):
         """The first slot of block ``ti`` (the engine carries one block's states at a time)."""
@@ -376,6 +379,23 @@ class BlockPlan:
 
     def blank(self, shape, dtype, fill):
         return jnp.zeros(shape, dtype)
+
+
+#: jax < 0.11: XLA:CPU has no bfloat16 slice; it slices a float32 copy of the whole array, made
+#: before the loop (its bfloat16 normalization widens the operand, then the copy is
+#: loop-invariant and hoisted): for a walk over a bfloat16 ``y``, a float32 copy of all of it.
+_WIDENS_WHOLE = jax.__version_info__ < (0, 11)
+
+
+def _slice_input(a, start, size, axis):
+    """``size`` entries of a fold's input ``a`` from ``start`` along ``axis``. On jax < 0.11 a
+    bfloat16 input passes through one optimization barrier with the (loop-variant) start: no
+    longer loop-invariant, its widened copy is not hoisted, and the widening fuses into the
+    slice of the tile (only inputs, never a buffer updated in place: a barrier there would copy
+    the buffer)."""
+    if _WIDENS_WHOLE and a.dtype == jnp.bfloat16:
+        start, a = lax.optimization_barrier((start, a))
+    return lax.dynamic_slice_in_dim(a, start, size, axis)
 
 
 def _rows_mask(own, like, axis):

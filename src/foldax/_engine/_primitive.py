@@ -41,8 +41,8 @@ import jax.numpy as jnp
 
 from .. import _shard
 from .._jax import Zero
-from . import _direct, _picks, _registration, _runs
-from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body
+from . import _direct, _flat, _picks, _registration, _runs
+from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body, widened_dtype
 from ._loop import _run, _typed_out_avals
 from ._probe import plan_units, unit_bytes, whole_rows
 from ._registration import Primitive
@@ -127,7 +127,8 @@ class _Rules(Primitive):
         )
         nc, ns, nr = self._counts()
         nz_c, nz_s, nz_r = nz[:nc], nz[nc : nc + ns], nz[nc + ns :]
-        # summed in float32 for half-precision inputs (_derived.widened): narrowed once, here
+        # in the inputs' dtypes (the fold's Spec.out_dtypes: summed in float32 for half-precision
+        # inputs, narrowed once); a no-op cast, kept for folds lowered without a walk
         ct_c, ct_s, ct_r = (
             [c.astype(_aval(a).dtype) for c, a in zip(cts, _pick(list(part), flags), strict=True)]
             for cts, part, flags in ((ct_c, consts, nz_c), (ct_s, slots, nz_s), (ct_r, rows, nz_r))
@@ -330,9 +331,16 @@ class Fold(_Rules):
             body, psum = _vjp_body(spec, shape, self.out_aval), False
         origin = (self, shape) if kind == "jvp" else None
         direct = _direct.derived(spec.direct, kind, shape)
+        narrow = spec.out_dtypes if kind == "jvp" else _cotangent_dtypes(self.in_avals, shape)
         return _Derived(
             spec.replace(
-                body=body, monoid=None, fill=0.0, slot_psum=psum, origin=origin, direct=direct
+                body=body,
+                monoid=None,
+                fill=0.0,
+                slot_psum=psum,
+                origin=origin,
+                direct=direct,
+                out_dtypes=narrow,
             )
         )
 
@@ -351,6 +359,20 @@ class Fold(_Rules):
             [_shard.reduce_cotangent(c, a, axes) for c, a in zip(part, primals, strict=True)]
             for part, primals in zip(cts, args[1:], strict=True)
         )
+
+
+def _cotangent_dtypes(avals, shape):
+    """A cotangent fold's ``Spec.out_dtypes``: its outputs (the cotangents of the flagged slots,
+    consts and rows) in their inputs' dtypes, where any is narrower than the float32 sums the
+    fold keeps (:func:`._derived.widened`); else ``None``."""
+    _, consts, slots, rows = avals
+    nc, ns = len(consts), len(slots)
+    flat = [a.dtype for part in (consts, slots, rows) for a in part]
+    c, s, r = _unflag(tuple(_pick(flat, shape.nz)), shape.nz, nc, ns)
+    dtypes = (tuple(s), tuple(c), tuple(r))
+    if all(widened_dtype(d) == d for part in dtypes for d in part):
+        return None
+    return dtypes
 
 
 class _Derived:
@@ -407,11 +429,49 @@ class Batched(_Rules):
     def expand(self, *args, platform=None):
         if self.size == 0:  # an empty batch: empty outputs, nothing to plan or run
             return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self.out_aval)
+        flat = self._flat()
+        if flat is not None and not (self.out_aval[1] or self.out_aval[2]):  # slot outputs alone
+            outs = flat.expand(*_flat.merge_args(args, self.dims, self.size), platform=platform)
+            return (tuple(_flat.split(o, self.size) for o in outs[0]), (), ())
         if _walks_alone(self.inner):
             return _one_by_one(self.inner, self.size, self.dims, args, platform)
         inner = functools.partial(self.inner.scaled(self.size).expand, platform=platform)
         vmapped = jax.vmap(inner, in_axes=self.dims, out_axes=0, axis_size=self.size)
         return vmapped(*args)
+
+    def _flat(self):
+        """This batch as one fold over every element's slots (:mod:`._flat`), or None."""
+        if "_flat_fold" not in self.__dict__:
+            ok = isinstance(self.inner, Fold) and _flat.flattenable(self.inner, self.dims)
+            spec, avals = self.inner.spec, self.inner.in_avals
+            self._flat_fold = (
+                Fold(_flat.flat_spec(spec, self.size), _flat.flat_avals(avals, self.size))
+                if ok
+                else None
+            )
+        return self._flat_fold
+
+    def _cotangents(self, args, outs, g, nz, info=None):
+        """As :meth:`_Rules._cotangents`; a batch that shares its rows and consts takes the
+        cotangent fold of its flattened form (:mod:`._flat`): the rows' and consts' cotangents
+        come summed over the batch from one fold."""
+        flat = self._flat()
+        if flat is None or self.out_aval[1] or self.out_aval[2]:
+            return super()._cotangents(args, outs, g, nz, info)
+        merge = lambda x: x if _is_zero(x) else _flat.merge_leaf(x, self.size)  # noqa: E731
+        g = jax.tree.map(merge, g, is_leaf=_is_zero)
+        if info is None:
+            info = self.info(outs) if self.num_info() else ()
+        info = tuple(merge(x) for x in info)
+        cts = flat._cotangents(_flat.merge_args(args, self.dims, self.size), None, g, nz, info)
+        if cts is None:
+            return None
+        consts, slots, rows = cts
+        slots = [
+            None if c is None else _unmerge(_flat.split(c, self.size), d)
+            for c, d in zip(slots, self.dims[2], strict=True)
+        ]
+        return consts, slots, rows
 
     def scaled(self, k):
         return Batched(self.inner.scaled(k), self.size, self.dims)
@@ -466,6 +526,12 @@ class Batched(_Rules):
             ]
             for p, pd in zip(cts, dims, strict=True)
         )
+
+
+def _unmerge(ct, d):
+    """A slot argument's cotangent ``(B, M, ...)``: itself where the argument is batched, its sum
+    over the batch where it is shared."""
+    return ct if d is not None else jnp.sum(ct, axis=0)
 
 
 #: Full steps an element's own fold must take for a batch to be walked one element at a time.

@@ -42,7 +42,11 @@ class Spec:
     gives the same values when its half-precision inputs come widened to float32 (its kernel
     widens them first): the cotangent folds pull each tile back from float32 inputs, so that a
     tile's share is never rounded to half precision before the float32 sum (derived folds
-    inherit it).
+    inherit it). ``out_dtypes`` (additive folds): the dtypes ``((slot), (tot), (row))`` its
+    outputs are returned in, where the body's sums are wider (a cotangent fold sums
+    half-precision cotangents in float32): each sum is narrowed once, when it is complete, so
+    a walk that completes the row sums block by block never holds all of them wide (the tangent
+    folds of such a fold inherit it).
     """
 
     plan: PlanSpec
@@ -60,6 +64,7 @@ class Spec:
     origin: Any = None
     direct: str | None = None
     widen: bool = False
+    out_dtypes: tuple | None = None
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)

@@ -38,11 +38,12 @@ def _mesh_split(name, x, y, m, n):
     return mesh, x_axes, y_axes
 
 
-def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
+def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes, widen=False):
     """Under ``jit``: ``shard_map`` over the mesh, rows of ``x`` split over ``x_axes`` (no
     communication), rows of ``y`` over ``y_axes`` (states all-reduced). The kernel is traced
     once for a pair of rows and replayed inside with its closed-over arrays passed in (the
-    ``shard_map`` runs with ``check_vma=False``; see :func:`foldax._segment._core._on_mesh`)."""
+    ``shard_map`` runs with ``check_vma=False``; see :func:`foldax._segment._core._on_mesh`).
+    ``widen``: as :func:`._reduce.reduce_pairs`'."""
     dx = math.prod(mesh.shape[a] for a in x_axes)
     dy = math.prod(mesh.shape[a] for a in y_axes)
     m, n = _num_rows(name, "x", x) // dx, _num_rows(name, "y", y) // dy
@@ -51,8 +52,8 @@ def _on_mesh(name, kernel, x, y, monoid, block_size, mesh, x_axes, y_axes):
     def body(x, y, consts):
         k = replay(consts)
         if y_axes and set(y_axes) <= set(x_axes):  # y's blocks go round the devices that split x
-            return _local(name, k, x, y, monoid, block_size, m, n, (), y_axes)
-        return _local(name, k, x, y, monoid, block_size, m, n, y_axes)
+            return _local(name, k, x, y, monoid, block_size, m, n, (), y_axes, widen=widen)
+        return _local(name, k, x, y, monoid, block_size, m, n, y_axes, widen=widen)
 
     specs = tuple(jax.tree.map(_shard.rows_spec(a), t) for a, t in ((x_axes, x), (y_axes, y)))
     out = P(x_axes or None)

@@ -204,7 +204,7 @@ def reduce_pairs(
     elif residual:
         raise ValueError(f"{name}: return_residual is not supported with sharded inputs yet.")
     else:
-        out = _on_mesh(name, kernel, x, y, monoid, block_size, *split)
+        out = _on_mesh(name, kernel, x, y, monoid, block_size, *split, widen=widen)
     if residual:
         out, lse = out
         return unpack(out), lse
