@@ -26,15 +26,18 @@ choice = _loop._rows_outer
 fs = {}
 for name, on in (("rows-outer", True), ("j-fastest", False)):
     _loop._rows_outer = choice if on else (lambda *a: False)
-    f = jax.jit(jax.value_and_grad(lambda h, w, l: foldax.linear_cross_entropy(h, w, l), (0, 1)))
+    f = jax.jit(jax.value_and_grad(lambda h, w, y: foldax.linear_cross_entropy(h, w, y), (0, 1)))
     t0 = time.perf_counter()
     c = f.lower(h, w, lab).compile()
-    print(name, f"compile {time.perf_counter() - t0:.2f}s temp {c.memory_analysis().temp_size_in_bytes / 1e6:.1f} MB")
+    print(
+        name,
+        f"compile {time.perf_counter() - t0:.2f}s temp {c.memory_analysis().temp_size_in_bytes / 1e6:.1f} MB",
+    )
     fs[name] = c
 _loop._rows_outer = choice
 outs = {n: f(h, w, lab) for n, f in fs.items()}
 a, b = outs.values()
-for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     print("max rel diff", float(np.max(np.abs(x - y)) / np.max(np.abs(y))))
 ts = {n: [] for n in fs}
@@ -43,4 +46,6 @@ for _ in range(5):
         t0 = time.perf_counter()
         jax.block_until_ready(f(h, w, lab))
         ts[n].append(time.perf_counter() - t0)
-print("  ".join(f"{n} {statistics.median(x):.2f}s ({min(x):.2f}-{max(x):.2f})" for n, x in ts.items()))
+print(
+    "  ".join(f"{n} {statistics.median(x):.2f}s ({min(x):.2f}-{max(x):.2f})" for n, x in ts.items())
+)

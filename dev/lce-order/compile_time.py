@@ -1,6 +1,6 @@
 """Trace+lower and XLA compile time of linear_cross_entropy against the plain loss.
 
-    python dev/lce-order/compile_time.py [T V dtype]
+python dev/lce-order/compile_time.py [T V dtype]
 """
 
 import statistics
@@ -21,8 +21,11 @@ def plain(h, w, labels):
 
 t, v = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (4096, 32768)
 dtype = jnp.dtype(sys.argv[3] if len(sys.argv) > 3 else "float32")
-sds = (jax.ShapeDtypeStruct((t, 512), dtype), jax.ShapeDtypeStruct((v, 512), dtype),
-       jax.ShapeDtypeStruct((t,), jnp.int32))
+sds = (
+    jax.ShapeDtypeStruct((t, 512), dtype),
+    jax.ShapeDtypeStruct((v, 512), dtype),
+    jax.ShapeDtypeStruct((t,), jnp.int32),
+)
 res = {}
 for rep in range(4):
     for name, f in (("plain", plain), ("foldax", foldax.linear_cross_entropy)):
@@ -38,7 +41,9 @@ for rep in range(4):
 for (name, kind), xs in res.items():
     lo = statistics.median(x[0] for x in xs)
     co = statistics.median(x[1] for x in xs)
-    print(f"{name:7s} {kind:5s} lower {lo * 1e3:6.0f} ms  compile {co * 1e3:6.0f} ms  total {(lo + co) * 1e3:6.0f} ms")
+    print(
+        f"{name:7s} {kind:5s} lower {lo * 1e3:6.0f} ms  compile {co * 1e3:6.0f} ms  total {(lo + co) * 1e3:6.0f} ms"
+    )
 
 if len(sys.argv) > 4:  # and the peers (jax >= 0.11)
     from foldax._tools.bench import _lm_loss as lm
@@ -47,7 +52,7 @@ if len(sys.argv) > 4:  # and the peers (jax >= 0.11)
     for name, f, args in (("tokamax", lm._tokamax, sd), ("jax-cce", lm._cce, sds)):
         for kind, g in (("fwd", f), ("grad", jax.value_and_grad(f, (0, 1)))):
             xs = []
-            for rep in range(3):
+            for _ in range(3):
                 fn = jax.jit(lambda *a, g=g: g(*a))
                 t0 = time.perf_counter()
                 fn.lower(*args).compile()

@@ -1,6 +1,6 @@
 """linear_cross_entropy's gradient: temp (foldax.memory.report) and time, bfloat16 and float32.
 
-    python dev/lce-order/measure.py [--time] [--sizes T,V ...]
+python dev/lce-order/measure.py [--time] [--sizes T,V ...]
 """
 
 import argparse
@@ -33,8 +33,11 @@ def main():
         t, v = map(int, size.split(","))
         for dt in a.dtypes:
             dtype = jnp.dtype(dt)
-            sds = (jax.ShapeDtypeStruct((t, a.d), dtype), jax.ShapeDtypeStruct((v, a.d), dtype),
-                   jax.ShapeDtypeStruct((t,), jnp.int32))
+            sds = (
+                jax.ShapeDtypeStruct((t, a.d), dtype),
+                jax.ShapeDtypeStruct((v, a.d), dtype),
+                jax.ShapeDtypeStruct((t,), jnp.int32),
+            )
             row = [f"T={t} V={v} {dt}"]
             for name, f in (("plain", plain), ("foldax", foldax.linear_cross_entropy)):
                 fwd = report(f, *sds).temp_bytes
@@ -46,8 +49,10 @@ def main():
                 h = jax.random.normal(k[0], (t, a.d), dtype)
                 w = (jax.random.normal(k[1], (v, a.d)) / np.sqrt(a.d)).astype(dtype)
                 lab = jax.random.randint(k[2], (t,), 0, v)
-                fs = {n: jax.jit(jax.value_and_grad(f, (0, 1)))
-                      for n, f in (("plain", plain), ("foldax", foldax.linear_cross_entropy))}
+                fs = {
+                    n: jax.jit(jax.value_and_grad(f, (0, 1)))
+                    for n, f in (("plain", plain), ("foldax", foldax.linear_cross_entropy))
+                }
                 for f in fs.values():
                     jax.block_until_ready(f(h, w, lab))
                 ts = {n: [] for n in fs}
@@ -56,8 +61,11 @@ def main():
                         t0 = time.perf_counter()
                         jax.block_until_ready(f(h, w, lab))
                         ts[n].append(time.perf_counter() - t0)
-                print("   grad time " + "  ".join(
-                    f"{n} {statistics.median(x):.2f}s" for n, x in ts.items()), flush=True)
+                print(
+                    "   grad time "
+                    + "  ".join(f"{n} {statistics.median(x):.2f}s" for n, x in ts.items()),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
