@@ -190,10 +190,11 @@ def linear_cross_entropy(
     log-sum-exps and recomputes each tile of logits, pulling ``p - q`` back into ``dh`` and
     ``dw`` in float32 (for half-precision inputs each tile's share is formed from the widened
     tile and the sums are narrowed once, at the end: the gradients are as accurate as the plain
-    loss's with float32 logits). The gradient of a half-precision ``w`` is summed in a float32
-    ``(V, D)`` buffer; on jax < 0.11, XLA:CPU also widens the whole of a half-precision ``w`` to
-    float32 before the loop (it cannot slice half-precision arrays). ``jax.jvp``,
-    ``jax.hessian`` and ``vmap`` compose as with every fold.
+    loss's with float32 logits). For a half-precision ``w`` that fold walks the vocabulary's
+    blocks outermost, so each block of ``dw`` is complete (summed over every token) when it is
+    rounded: no float32 ``(V, D)`` buffer, only ``dh``'s ``(T, D)``. ``jax.jvp``,
+    ``jax.hessian`` and ``vmap`` compose as with every fold; a ``vmap`` over sequences that
+    share ``w`` is one fold over all their tokens (``w``'s gradient summed inside it).
 
     Example:
       >>> import jax.numpy as jnp, foldax
