@@ -27,8 +27,10 @@ choice = _flat.flattenable
 fs = {}
 for name, on in (("vmapped loop", False), ("one fold", True)):
     _flat.flattenable = choice if on else (lambda *a: False)
-    for kind, f in (("fwd", lambda h, w: batched(h, w, lab).sum()),
-                    ("grad", jax.value_and_grad(lambda h, w: batched(h, w, lab).sum(), (0, 1)))):
+    for kind, f in (
+        ("fwd", lambda h, w: batched(h, w, lab).sum()),
+        ("grad", jax.value_and_grad(lambda h, w: batched(h, w, lab).sum(), (0, 1))),
+    ):
         c = jax.jit(f).lower(h, w).compile()
         print(name, kind, f"temp {c.memory_analysis().temp_size_in_bytes / 1e6:.1f} MB")
         fs[(name, kind)] = c

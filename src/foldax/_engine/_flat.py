@@ -51,12 +51,12 @@ def merge(a, d, size):
     """A slot argument (batched on axis 0 where ``d`` is 0, else shared) as ``(size * M, ...)``."""
     if d is None:
         a = jnp.broadcast_to(a, (size, *a.shape))
-    return a.reshape((-1, *a.shape[2:]))
+    return a.reshape((size * a.shape[1], *a.shape[2:]))
 
 
 def split(a, size):
     """A slot output ``(size * M, ...)`` as ``(size, M, ...)``."""
-    return a.reshape((size, -1, *a.shape[1:]))
+    return a.reshape((size, a.shape[0] // size, *a.shape[1:]))
 
 
 def merge_args(args, dims, size):
