@@ -48,7 +48,8 @@ def flat_spec(spec, size):
 
 
 def merge(a, d, size):
-    """A slot argument (batched on axis 0 where ``d`` is 0, else shared) as ``(size * M, ...)``."""
+    """A per-slot array (an argument, a cotangent, an output's info; batched on axis 0 where
+    ``d`` is 0, else shared) as ``(size * M, ...)``."""
     if d is None:
         a = jnp.broadcast_to(a, (size, *a.shape))
     return a.reshape((size * a.shape[1], *a.shape[2:]))
@@ -64,9 +65,3 @@ def merge_args(args, dims, size):
     arrays, consts, slots, rows = args
     merged = tuple(merge(a, d, size) for a, d in zip(slots, dims[2], strict=True))
     return tuple(arrays), tuple(consts), merged, tuple(rows)
-
-
-def merge_leaf(x, size):
-    """A batched per-slot array (a cotangent, an output's info) ``(size, M, ...)`` as
-    ``(size * M, ...)``."""
-    return jnp.reshape(x, (size * x.shape[1], *x.shape[2:]))

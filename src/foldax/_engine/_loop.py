@@ -82,6 +82,9 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
     tile = preferred_tile(spec.plan, mon)
     plan0 = make_plan(spec.plan, arrays, units, first, tile, whole)
     sums = _sums(spec, out_avals)
+    rows_outer = _rows_outer(spec, sums, out_avals, whole)
+    if rows_outer:  # its row buffers are written a finished block at a time, narrowed
+        sums = (*sums[:2], out_avals[2])
     row_aval, start = _initial_states(spec, plan0, sums, (arrays, consts, slots, rows))
 
     def step(plan, rows, carry_t, _, block=False):
@@ -134,9 +137,7 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
     carry = _shard.to_varying(start, axes, skip=(1,))
     if not axes:  # (on a mesh the initial states keep the varying types given them above)
         carry = _not_before(carry, (consts, slots, rows))
-    if _rows_outer(spec, sums, out_avals, whole):
-        narrow = tuple(jnp.zeros(a.shape, a.dtype) for a in out_avals[2])
-        carry = (*carry[:2], _not_before(narrow, (consts, slots, rows)))
+    if rows_outer:
         st, tot, bufs = _walk_rows_outer(spec, plan0, carry, consts, slots, rows)
         return _narrowed(spec, (_final_states(spec, st, row_aval), tot, bufs))
     if axes and _shard.types_checked(axes):

@@ -127,12 +127,7 @@ class _Rules(Primitive):
         )
         nc, ns, nr = self._counts()
         nz_c, nz_s, nz_r = nz[:nc], nz[nc : nc + ns], nz[nc + ns :]
-        # in the inputs' dtypes (the fold's Spec.out_dtypes: summed in float32 for half-precision
-        # inputs, narrowed once); a no-op cast, kept for folds lowered without a walk
-        ct_c, ct_s, ct_r = (
-            [c.astype(_aval(a).dtype) for c, a in zip(cts, _pick(list(part), flags), strict=True)]
-            for cts, part, flags in ((ct_c, consts, nz_c), (ct_s, slots, nz_s), (ct_r, rows, nz_r))
-        )
+        # (in the inputs' dtypes already: the derived fold's Spec.out_dtypes)
         cts = (
             _fill([None] * nc, nz_c, ct_c),
             _fill([None] * ns, nz_s, ct_s),
@@ -430,7 +425,7 @@ class Batched(_Rules):
         if self.size == 0:  # an empty batch: empty outputs, nothing to plan or run
             return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self.out_aval)
         flat = self._flat()
-        if flat is not None and not (self.out_aval[1] or self.out_aval[2]):  # slot outputs alone
+        if flat is not None:
             outs = flat.expand(*_flat.merge_args(args, self.dims, self.size), platform=platform)
             return (tuple(_flat.split(o, self.size) for o in outs[0]), (), ())
         if _walks_alone(self.inner):
@@ -440,9 +435,11 @@ class Batched(_Rules):
         return vmapped(*args)
 
     def _flat(self):
-        """This batch as one fold over every element's slots (:mod:`._flat`), or None."""
+        """This batch as one fold over every element's slots (:mod:`._flat`), or None; only for
+        a fold with slot outputs alone (sums over rows, and row outputs, are per element)."""
         if "_flat_fold" not in self.__dict__:
-            ok = isinstance(self.inner, Fold) and _flat.flattenable(self.inner, self.dims)
+            ok = isinstance(self.inner, Fold) and not (self.out_aval[1] or self.out_aval[2])
+            ok = ok and _flat.flattenable(self.inner, self.dims)
             spec, avals = self.inner.spec, self.inner.in_avals
             self._flat_fold = (
                 Fold(_flat.flat_spec(spec, self.size), _flat.flat_avals(avals, self.size))
@@ -456,9 +453,9 @@ class Batched(_Rules):
         cotangent fold of its flattened form (:mod:`._flat`): the rows' and consts' cotangents
         come summed over the batch from one fold."""
         flat = self._flat()
-        if flat is None or self.out_aval[1] or self.out_aval[2]:
+        if flat is None:
             return super()._cotangents(args, outs, g, nz, info)
-        merge = lambda x: x if _is_zero(x) else _flat.merge_leaf(x, self.size)  # noqa: E731
+        merge = lambda x: x if _is_zero(x) else _flat.merge(x, 0, self.size)  # noqa: E731
         g = jax.tree.map(merge, g, is_leaf=_is_zero)
         if info is None:
             info = self.info(outs) if self.num_info() else ()
