@@ -268,6 +268,87 @@ def test_array_mask_blocks_from_its_table_of_cells(rng):
         assert_allclose(got, want, dtype=F32)
 
 
+def _heads_last(a):
+    return jnp.swapaxes(a, 1, 2)
+
+
+def _planned_tiles(f, *args):
+    """The ``(bi, bj)`` of every dense plan made while ``f(*args)`` is lowered, in order."""
+    from foldax._engine import _loop
+
+    seen, make = [], _loop.make_plan
+
+    def spy(spec, *rest, **kw):
+        plan = make(spec, *rest, **kw)
+        if spec.kind == "dense":
+            seen.append((plan.bi, plan.bj))
+        return plan
+
+    _loop.make_plan = spy
+    try:
+        jax.jit(f).lower(*args)
+    finally:
+        _loop.make_plan = make
+    return sorted(set(seen))
+
+
+def test_a_masked_gradient_takes_finer_tiles():
+    """Under a mask that skips blocks, the gradient's folds take tiles of 512 (a pair costs the
+    same in them, and they skip more of the pairs a causal mask or a boolean array removes);
+    the forward fold keeps 1,024; without a mask, or where a window asks for smaller tiles
+    still, both take the same."""
+    q = jnp.zeros((1, 4096, 1, 8), F32)
+    mask = jnp.asarray(np.tril(np.ones((4096, 4096), bool)))[None, None]
+    cases = {
+        "none": ({}, [(1024, 1024)]),
+        "is_causal": ({"is_causal": True}, [(512, 512), (1024, 1024)]),
+        "array": ({"mask": mask}, [(512, 512), (1024, 1024)]),
+        "window": ({"local_window_size": (255, 0)}, [(256, 256)]),
+    }
+    for name, (kw, tiles) in cases.items():
+        f = lambda q, kw=kw: foldax.dot_product_attention(q, q, q, **kw)  # noqa: E731
+        assert _planned_tiles(f, q) == [(1024, 1024) if tiles != [(256, 256)] else tiles[0]], name
+        grad = jax.grad(lambda q, f=f: f(q).sum())
+        assert _planned_tiles(grad, q) == tiles, name
+
+
+@pytest.mark.slow
+def test_long_tiles_under_masks_match_the_reference(rng):
+    """Values and gradients in tiles of 1,024 and more (sizes no multiple of them; the gradient
+    in its own, smaller tiles): causal, a window, a boolean array and segment ids, against a
+    float64 reference and plain-jnp gradients."""
+    t, s = 1300, 1100
+    q = jnp.asarray(rng.standard_normal((1, t, 2, 8)), F32)
+    k, v = (jnp.asarray(rng.standard_normal((1, s, 2, 8)), F32) for _ in range(2))
+    ii, jj = np.ogrid[:t, :s]
+    pairs = rng.random((t, s)) < 0.02
+    pairs[:, :300] |= jj[:, :300] <= ii  # a causal band and scattered pairs
+    ids = jnp.asarray(np.sort(rng.integers(0, 4, t)), jnp.int32)
+    ids_np = np.asarray(ids)
+    cases = {
+        "causal": ({"is_causal": True}, jj <= ii),
+        "window": ({"local_window_size": (400, 100)}, (jj >= ii - 400) & (jj <= ii + 100)),
+        "array": ({"mask": jnp.asarray(pairs)}, pairs),
+        "ids": ({"segment_ids": (ids[None], ids[None, :s])}, ids_np[:, None] == ids_np[None, :s]),
+    }
+    loss = lambda fn: lambda *qkv: jnp.sum(fn(*qkv) * jnp.cos(q))  # noqa: E731
+    for name, (kw, keep) in cases.items():
+        want = _grouped_ref(q, k, v, keep)
+        for block in (None, (1024, 1100)):
+            f = lambda q, k, v, kw=kw, b=block: foldax.dot_product_attention(  # noqa: E731
+                q, k, v, block_size=b, **kw
+            )
+            assert_allclose(jax.jit(f)(q, k, v), want, dtype=F32, err_msg=f"{name} {block}")
+
+        def ref(q, k, v, keep=keep):
+            qt, kt, vt = (_heads_last(a) for a in (q, k, v))
+            return _heads_last(_dense(qt / np.sqrt(8), kt, vt, jnp.asarray(keep)))
+
+        got = jax.jit(jax.grad(loss(f), (0, 1, 2)))(q, k, v)
+        for mine, theirs in zip(got, jax.grad(loss(ref), (0, 1, 2))(q, k, v), strict=True):
+            assert_allclose(mine, theirs, dtype=F32, scale=10, err_msg=name)
+
+
 @pytest.mark.slow
 def test_windows_take_tiles_that_skip_their_blocks(rng):
     """A causal mask or window bounds the pairs kept to a band: its attention takes the tiles
@@ -276,13 +357,14 @@ def test_windows_take_tiles_that_skip_their_blocks(rng):
     from foldax._pairwise._masks import check_masking
 
     def tile(band, t=4096):
-        return check_masking("t", lambda i, j: j <= i, None, t, t, False, band=band).gemm_tile(t, t)
+        masking = check_masking("t", lambda i, j: j <= i, None, t, t, False, band=band)
+        return masking.gemm_tiles(t, t)[0]
 
     assert tile((255, 0)) == (256, 256) and tile((1023, 0)) == (512, 512)
     assert tile((None, 0)) == (1024, 1024) and tile((40, 0), 200) is None
 
     def formula(mask, t=4096):  # a mask of the indices alone, read from its formula
-        return check_masking("t", mask, None, t, t, False).gemm_tile(t, t)
+        return check_masking("t", mask, None, t, t, False).gemm_tiles(t, t)[0]
 
     assert formula(lambda i, j: j <= i) == (1024, 1024)
     assert formula(lambda i, j: (j <= i) & (j > i - 256)) == (256, 256)

@@ -56,6 +56,7 @@ class PlanSpec:
     the ids are known, or promised by the caller, to be sorted (XLA's scatters are told so).
     ``tile`` (dense plans): the kernel's preferred ``(bi, bj)``, ahead of the monoid's
     ``dense_tile``: :data:`GEMM_TILE` for a kernel that contracts (a matrix product per tile).
+    ``grad_tile``: the cotangent folds' ``tile``, where it differs (:meth:`for_cotangents`).
     """
 
     kind: str
@@ -67,6 +68,15 @@ class PlanSpec:
     in_range: bool = False
     sorted_ids: bool = False
     tile: tuple | None = None
+    grad_tile: tuple | None = None
+
+    def for_cotangents(self) -> PlanSpec:
+        """The plan of this fold's cotangent folds: ``tile`` from ``grad_tile`` where it is
+        given (a masked matrix product's gradient skips more in smaller tiles at no cost per
+        pair, see :mod:`foldax._pairwise._band`)."""
+        if self.grad_tile is None:
+            return self
+        return dataclasses.replace(self, tile=self.grad_tile, grad_tile=None)
 
 
 #: The dense block of a kernel that is a matrix product per tile (attention, a linear layer's

@@ -329,6 +329,7 @@ class Fold(_Rules):
         narrow = spec.out_dtypes if kind == "jvp" else _cotangent_dtypes(self.in_avals, shape)
         return _Derived(
             spec.replace(
+                plan=spec.plan if kind == "jvp" else spec.plan.for_cotangents(),
                 body=body,
                 monoid=None,
                 fill=0.0,

@@ -13,21 +13,32 @@ import numpy as np
 
 from .. import _jax
 
-#: The cost per pair of a contracting kernel's square tile of each side, relative to 1024 x 1024
-#: (measured on XLA:CPU, 2 cores: attention at 4,096^2, D = 64, forward 1.3x / 2.35x and gradient
-#: 1.1x / 1.75x at 512 / 256): smaller tiles skip more of a mask's pairs but each pair costs more.
-GEMM_TILE_COST = {1024: 1.0, 512: 1.2, 256: 2.0}
+#: The cost per pair of a contracting kernel's square tile of each side, relative to 1024 x 1024,
+#: in the forward pass and in the gradient's folds (measured on XLA:CPU, 2 cores: attention at
+#: 4,096^2, D = 64: forward 1.17-1.3x / 1.9-2.35x at 512 / 256; gradient 0.99-1.02x / 1.75x, and
+#: the same at D = 128 and at 2,048^2): smaller tiles skip more of a mask's pairs, but each pair
+#: costs more in them -- in the forward pass; a gradient's pair costs the same in tiles of 512.
+FORWARD_COST = {1024: 1.0, 512: 1.2, 256: 2.0}
+GRADIENT_COST = {1024: 1.0, 512: 1.0, 256: 1.75}
+
+#: The gradient's tile under a mask whose kept pairs cannot be read when the call is traced (a
+#: boolean array, segment ids, a formula reading arrays): a block of 512 x 512 costs what one of
+#: 1024 x 1024 costs per pair, and skips what a mask removes at a finer grain (a causal boolean
+#: array at 4,096^2, D = 64: gradient 0.56-0.58x of no mask, against 0.63-0.64x in blocks of
+#: 1,024; an all-true array 1.06-1.08x against 1.10-1.15x).
+MASKED_GRADIENT_TILE = (512, 512)
 
 #: The most sampled rows (and columns) of the grid a mask's formula is evaluated on.
 SAMPLES = 512
 
 
-def gemm_tile(m, n, band=None, closed=None):
-    """The square tile ``(side, side)`` whose live blocks, times :data:`GEMM_TILE_COST`, cost
-    least, for ``band`` (``(left, right)``: at most the pairs ``i - left <= j <= i + right``;
-    ``None`` on a side: unbounded) or else the mask ``closed`` (a :class:`foldax._closure.Closed`
-    of the indices alone); ``None`` where neither tells, or no tile would skip anything."""
-    if max(m, n) <= min(GEMM_TILE_COST):
+def gemm_tile(m, n, band=None, closed=None, cost=FORWARD_COST):
+    """The square tile ``(side, side)`` whose live blocks, times ``cost`` (:data:`FORWARD_COST`
+    or :data:`GRADIENT_COST`), cost least, for ``band`` (``(left, right)``: at most the pairs
+    ``i - left <= j <= i + right``; ``None`` on a side: unbounded) or else the mask ``closed``
+    (a :class:`foldax._closure.Closed` of the indices alone); ``None`` where neither tells, or
+    no tile would skip anything."""
+    if max(m, n) <= min(cost):
         return None
     rows = _samples(m)
     cols = _samples(n)
@@ -41,10 +52,10 @@ def gemm_tile(m, n, band=None, closed=None):
     else:
         return None
     scores = {
-        side: _live_fraction(kept, rows, cols, min(side, m), min(side, n)) * cost
-        for side, cost in GEMM_TILE_COST.items()
+        side: _live_fraction(kept, rows, cols, min(side, m), min(side, n)) * per_pair
+        for side, per_pair in cost.items()
     }
-    side = min(scores, key=scores.get)
+    side = min(scores, key=scores.get)  # the first of equals: the largest tile
     return (side, side)
 
 

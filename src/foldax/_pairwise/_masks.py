@@ -35,7 +35,7 @@ class Masking:
     with a boolean ``(M, N)`` array of the pairs kept and its table of live cells
     (:func:`_cell_table`); ``rows``: whether ``consts`` end with a boolean per row of ``x``, the
     rows that take part (:func:`only_rows`); ``band``: static bounds of the pairs kept, which
-    choose the tiles (:meth:`gemm_tile`)."""
+    choose the tiles (:meth:`gemm_tiles`)."""
 
     closed: _closure.Closed | None
     consts: tuple
@@ -95,13 +95,18 @@ class Masking:
 
         return block_live
 
-    def gemm_tile(self, m, n):
-        """The tile a contracting kernel takes under this masking (:func:`._band.gemm_tile`):
-        from its ``band``, else from a mask formula of the indices alone; ``None``: the
-        default."""
+    def gemm_tiles(self, m, n):
+        """``(forward, gradient)``: the tiles a contracting kernel takes under this masking in
+        its forward fold and in its gradient's (:func:`._band.gemm_tile`), from its ``band``,
+        else from a mask formula of the indices alone; ``None`` for the forward: the default.
+        The gradient takes :data:`._band.MASKED_GRADIENT_TILE` where nothing tells."""
         plain = not (self.consts or self.ids or self.pairs or self.rows)
         closed = self.closed if plain and self.bounded else None
-        return _band.gemm_tile(m, n, self.band, closed)
+        forward = _band.gemm_tile(m, n, self.band, closed)
+        gradient = _band.gemm_tile(m, n, self.band, closed, _band.GRADIENT_COST)
+        if gradient is None and (self.band is None and closed is None):
+            gradient = _band.MASKED_GRADIENT_TILE
+        return forward, gradient
 
 
 def only_rows(masking, rows):
@@ -182,7 +187,7 @@ def check_masking(name, mask, segment_ids, m, n, on_mesh, pairs=None, band=None)
     """``Masking`` for the public function ``name`` (``None`` when every pair takes part);
     ``pairs``: a boolean ``(M, N)`` array of the pairs kept, besides ``mask``; ``band``:
     static ``(left, right)`` bounds (or ``None`` each) of the pairs ``mask`` keeps,
-    ``i - left <= j <= i + right`` (see :meth:`Masking.gemm_tile`)."""
+    ``i - left <= j <= i + right`` (see :meth:`Masking.gemm_tiles`)."""
     if mask is None and segment_ids is None and pairs is None:
         return None
     if on_mesh:

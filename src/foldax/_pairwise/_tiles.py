@@ -112,13 +112,17 @@ def _fold(
 
     # a kernel that contracts is a matrix product per tile: tiles long both ways (unless the
     # monoid asks for its own, as the k smallest do; smaller where a mask skips more of their
-    # pairs, see Masking.gemm_tile)
+    # pairs, in the forward fold and in the gradient's, see Masking.gemm_tiles)
     gemm = not cols and getattr(monoid, "dense_tile", None) is None
-    preferred = GEMM_TILE if gemm else None
+    preferred = gradient = GEMM_TILE if gemm else None
     if gemm and mask is not None and block is None:
-        preferred = mask.gemm_tile(m, n) or preferred
+        forward, gradient = mask.gemm_tiles(m, n)
+        preferred, gradient = forward or preferred, gradient or preferred
     axis = -1 if cols else 0
-    plan = _engine.PlanSpec("dense", n, m, None, block, row_axis=axis, tile=preferred)
+    plan = _engine.PlanSpec(
+        "dense", n, m, None, block, row_axis=axis, tile=preferred,
+        grad_tile=None if gradient == preferred else gradient,
+    )  # fmt: skip
     spec = _engine.Spec(
         plan,
         body,
