@@ -240,7 +240,7 @@ def test_array_mask_blocks_from_its_table_of_cells(rng):
     """A boolean array of pairs lists its blocks from a table of its cells: a block holding a
     kept pair is never skipped, whatever its start and size (clamped, unaligned); blocks on
     cells are listed exactly; and the values skip nothing (against a float64 reference)."""
-    from foldax._pairwise._masks import CELL, check_masking
+    from foldax._pairwise._masks import CELL, _cell_table, check_masking
 
     m, n = 2 * CELL + 44, 3 * CELL + 8  # neither a multiple of a cell
     pairs = np.zeros((m, n), bool)
@@ -260,6 +260,16 @@ def test_array_mask_blocks_from_its_table_of_cells(rng):
             on_cells = aligned and i0 % CELL == 0
             if on_cells:
                 np.testing.assert_array_equal(got[j0 % CELL == 0], truth[j0 % CELL == 0])
+    for shape in ((m, n), (2 * CELL, 3 * CELL)):  # read as booleans, and as words of 4
+        some = np.zeros(shape, bool)
+        some[rng.integers(0, shape[0], 5), rng.integers(0, shape[1], 5)] = True  # a few pairs
+        some[-1, -1] = True
+        table = np.asarray(_cell_table(jnp.asarray(some)))
+        cells = -(-np.asarray(shape) // CELL)
+        padded = np.zeros(cells * CELL, bool)
+        padded[: shape[0], : shape[1]] = some
+        want = padded.reshape(cells[0], CELL, cells[1], CELL).any(axis=(1, 3))
+        np.testing.assert_array_equal(table, want)
     q, k, v = (jnp.asarray(rng.standard_normal((1, t, 1, 8)), F32) for t in (m, n, n))
     pairs[np.arange(m), np.arange(m) * n // m] = True  # a kept pair in every row
     want = _grouped_ref(q, k, v, keep=pairs)

@@ -612,3 +612,29 @@ def test_random_formulas_never_skip_a_kept_pair():
     elapsed = time.perf_counter() - start
     print(f"{n_formulas} random formulas in {elapsed:.1f} s")
     assert not failures, f"{len(failures)} formulas skip kept pairs:\n" + "\n".join(failures[:5])
+
+
+def test_a_mask_that_keeps_every_pair_is_left_out(rng):
+    """A formula that cannot be false anywhere in the grid (bounded over the whole ranges of
+    ``i`` and ``j``) is no mask at all: the fold is the unmasked one, with the same values; one
+    that may be false somewhere, or reads an array, is kept."""
+    from foldax._pairwise._masks import check_masking
+
+    m, n = 40, 30
+    starts = jnp.zeros(m, jnp.int32)
+    kept = {
+        "i >= 0": (lambda i, j: i >= 0, True),
+        "j < n": (lambda i, j: j < n, True),
+        "j < n - 1": (lambda i, j: j < n - 1, False),
+        "causal": (lambda i, j: j <= i, False),
+        "reads an array": (lambda i, j: j >= starts[i], False),
+    }
+    for name, (mask, everywhere) in kept.items():
+        masking = check_masking("t", mask, None, m, n, False)
+        assert (masking is None) == everywhere, name
+        assert _intervals.always_true(_trace(mask)[0], m, n) == everywhere, name
+    x, y = (jnp.asarray(rng.standard_normal((r, 4)), jnp.float32) for r in (m, n))
+    with_mask = foldax.pairwise_reduce(lambda a, b: a @ b, x, y, mask=lambda i, j: j < n)
+    assert_allclose(with_mask, foldax.pairwise_reduce(lambda a, b: a @ b, x, y), dtype=np.float32)
+    ids = jnp.asarray(np.sort(rng.integers(0, 3, m)), jnp.int32)
+    assert check_masking("t", lambda i, j: i >= 0, (ids, ids[:n]), m, n, False).ids

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _closure
 from . import _band
-from ._intervals import block_test
+from ._intervals import always_true, block_test
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -160,9 +160,22 @@ def _cell_table(pairs):
     is compiled is still read at run time: XLA would fold this reduce of a constant one pair at
     a time, for seconds."""
     m, n = pairs.shape
-    pad = [(0, -m % CELL), (0, -n % CELL)]
     pairs = jax.lax.optimization_barrier(pairs)
+    if m % CELL == 0 and n % CELL == 0:
+        return _cell_table_by_words(pairs)
+    pad = [(0, -m % CELL), (0, -n % CELL)]
     return jax.lax.reduce_window(pairs, False, jax.lax.bitwise_or, (CELL, CELL), (CELL, CELL), pad)
+
+
+def _cell_table_by_words(pairs):
+    """:func:`_cell_table` of an array of whole cells, read as 32-bit words of 4 booleans: the
+    largest word of each row of a cell, then of its rows (half the time of a window reduce of
+    the booleans on XLA:CPU: 0.76 against 1.5 ms at 4,096^2)."""
+    m, n = pairs.shape
+    bytes_ = pairs.astype(jnp.uint8).reshape(m, n // 4, 4)
+    words = jax.lax.bitcast_convert_type(bytes_, jnp.uint32)
+    per_row = jnp.max(words.reshape(m, n // CELL, CELL // 4), axis=2)
+    return jnp.max(per_row.reshape(m // CELL, CELL, n // CELL), axis=1) != 0
 
 
 def _cells_live(table, i0, j0, bi, bj):
@@ -200,6 +213,10 @@ def check_masking(name, mask, segment_ids, m, n, on_mesh, pairs=None, band=None)
     if mask is not None:
         closed, consts = _check_mask(name, mask)
         live, bounded = block_test(closed)
+    if closed is not None and always_true(closed, m, n):  # it removes nothing: left out
+        closed, live = None, None
+        if segment_ids is None and pairs is None:
+            return None
     ids = _check_segment_ids(name, segment_ids, m, n)
     table = () if pairs is None else (pairs, _cell_table(pairs))
     held = (*consts, *ids, *table)
