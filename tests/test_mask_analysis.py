@@ -618,7 +618,7 @@ def test_a_mask_that_keeps_every_pair_is_left_out(rng):
     """A formula that cannot be false anywhere in the grid (bounded over the whole ranges of
     ``i`` and ``j``) is no mask at all: the fold is the unmasked one, with the same values; one
     that may be false somewhere, or reads an array, is kept."""
-    from foldax._pairwise._masks import check_masking
+    from foldax._pairwise._masks import always_true, check_masking
 
     m, n = 40, 30
     starts = jnp.zeros(m, jnp.int32)
@@ -632,7 +632,7 @@ def test_a_mask_that_keeps_every_pair_is_left_out(rng):
     for name, (mask, everywhere) in kept.items():
         masking = check_masking("t", mask, None, m, n, False)
         assert (masking is None) == everywhere, name
-        assert _intervals.always_true(_trace(mask)[0], m, n) == everywhere, name
+        assert always_true(_trace(mask)[0], m, n) == everywhere, name
     x, y = (jnp.asarray(rng.standard_normal((r, 4)), jnp.float32) for r in (m, n))
     with_mask = foldax.pairwise_reduce(lambda a, b: a @ b, x, y, mask=lambda i, j: j < n)
     assert_allclose(with_mask, foldax.pairwise_reduce(lambda a, b: a @ b, x, y), dtype=np.float32)

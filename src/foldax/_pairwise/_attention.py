@@ -503,7 +503,9 @@ def dot_product_attention(
         listed from each block's range of ids.
       layout: ``"BTNH"`` or ``"BNTH"``. Static.
       block_size: static ``int`` or ``(bt, bs)``: queries and keys per tile (default: from
-        the memory budget, see :func:`foldax.memory_budget`).
+        the memory budget, see :func:`foldax.memory_budget`, and the mask: under a mask the
+        gradient takes tiles of 512, which skip more of what it removes at the same cost per
+        pair).
       dtype: Flax's: ``query``, ``key`` and ``value`` are cast to it (``None``: as given).
       precision: the precision of the logits' products (``jax.lax.Precision``), as Flax's.
       dropout_rate: Flax's: the share of attention weights dropped, ``0 <= rate < 1``; the

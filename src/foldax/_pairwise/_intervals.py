@@ -593,15 +593,3 @@ def block_test(closed):
         return jax.vmap(one)(*flat).reshape(bounds[0].shape)
 
     return live, not unknowns
-
-
-def always_true(closed, m, n) -> bool:
-    """Whether a mask of the indices alone (it reads no array) keeps every pair of ``m`` rows
-    of ``x`` by ``n`` of ``y``: bounded over the whole ranges of ``i`` and ``j``, its formula
-    cannot be false (``i >= 0``; ``j < n`` with that ``n``). Such a mask can be left out."""
-    jaxpr = closed.jaxpr
-    if jaxpr.constvars or not m or not n:
-        return False
-    with jax.ensure_compile_time_eval():
-        rows, cols = (Range(jnp.int32(0), jnp.int32(size - 1)) for size in (m, n))
-        return not bool(evaluate(jaxpr, [], [rows, cols])[0].false)

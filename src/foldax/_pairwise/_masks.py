@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _closure
 from . import _band
-from ._intervals import always_true, block_test
+from ._intervals import Range, block_test, evaluate
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -221,6 +221,19 @@ def check_masking(name, mask, segment_ids, m, n, on_mesh, pairs=None, band=None)
     table = () if pairs is None else (pairs, _cell_table(pairs))
     held = (*consts, *ids, *table)
     return Masking(closed, held, len(consts), bool(ids), live, bounded, bool(table), band=band)
+
+
+def always_true(closed, m, n) -> bool:
+    """Whether a mask of the indices alone (it reads no array) keeps every pair of ``m`` rows
+    of ``x`` by ``n`` of ``y``: bounded over the whole ranges of ``i`` and ``j``
+    (:mod:`._intervals`), its formula cannot be false (``i >= 0``; ``j < n`` with that ``n``).
+    Such a mask is left out."""
+    jaxpr = closed.jaxpr
+    if jaxpr.constvars or not m or not n:
+        return False
+    with jax.ensure_compile_time_eval():
+        rows, cols = (Range(jnp.int32(0), jnp.int32(size - 1)) for size in (m, n))
+        return not bool(evaluate(jaxpr, [], [rows, cols])[0].false)
 
 
 def _check_mask(name, mask):
