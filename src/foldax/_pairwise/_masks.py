@@ -104,9 +104,7 @@ class Masking:
         closed = self.closed if plain and self.bounded else None
         forward = _band.gemm_tile(m, n, self.band, closed)
         gradient = _band.gemm_tile(m, n, self.band, closed, _band.GRADIENT_COST)
-        if gradient is None and (self.band is None and closed is None):
-            gradient = _band.MASKED_GRADIENT_TILE
-        return forward, gradient
+        return forward, gradient or _band.MASKED_GRADIENT_TILE
 
 
 def only_rows(masking, rows):
