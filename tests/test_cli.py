@@ -221,7 +221,9 @@ def test_audit_of_the_s4_example_fits_its_default_sizes(capsys):
     naive step at N = 64 to 512 (1.1 GB buffers), not at a million poles (terabytes)."""
     assert _cli.main(["audit", "examples/audit_s4.py:naive", "--top", "1"]) == 0
     out = capsys.readouterr().out
-    assert "against N: N=64: " in out and "N=512: 3.3 GB" in out and " TB" not in out, out
+    # gigabytes at N = 512 (3.3 GB of temp on jax 0.10.2, 2.2 GB on 0.12.1), never terabytes
+    assert "against N: N=64: " in out and re.search(r"N=512: [\d.]+ GB", out), out
+    assert " TB" not in out, out
 
 
 @pytest.mark.slow

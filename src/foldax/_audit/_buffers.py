@@ -156,8 +156,8 @@ def audit(fn: Callable, *args: Any, top: int = 10, **kwargs: Any) -> AuditReport
       ((256, 256), 'temp')
     """
     name = _name(fn)
-    compiled, live, hlo, allocations = _compile_with_dump(fn, args, kwargs, name)
-    program = _Program.read(hlo, allocations)
+    compiled, live, hlo, allocations, constants = _compile_with_dump(fn, args, kwargs, name)
+    program = _Program.read(hlo, allocations, constants)
     peak = _peak(live)
     buffers = [program.buffer(*p) for p in peak]
     peak_bytes, peak_kinds = program.live_memory(peak, buffers)
@@ -173,7 +173,8 @@ def audit(fn: Callable, *args: Any, top: int = 10, **kwargs: Any) -> AuditReport
 
 @dataclasses.dataclass(frozen=True)
 class _Program:
-    """What an audit reads of a compiled program from XLA's dump: its instructions, entry
+    """What an audit reads of a compiled program from XLA's dump (and its lowering: which entry
+    parameters are hoisted constants): its instructions, entry
     computation, frames (``stack_frame_id -> file:line chain``), where each buffer is placed
     (:func:`._dump._allocations`), the entry's outputs, its loops' computations, and each
     instruction's consumers."""
@@ -185,9 +186,10 @@ class _Program:
     outputs: set
     loops: set
     consumers: dict
+    constants: frozenset = frozenset()
 
     @classmethod
-    def read(cls, hlo: str, allocations: str) -> _Program:
+    def read(cls, hlo: str, allocations: str, constants=frozenset()) -> _Program:
         instrs, entry = _instructions(hlo)
         consumers: dict[str, list[str]] = {}
         for n, i in instrs.items():
@@ -201,6 +203,7 @@ class _Program:
             outputs=_entry_outputs(instrs, entry),
             loops={c for i in instrs.values() for c in i.loop_computations},
             consumers=consumers,
+            constants=constants,
         )
 
     def buffer(self, name: str, index: tuple[int, ...], nbytes: int) -> Buffer:
@@ -214,7 +217,10 @@ class _Program:
         kind = place[0] if place else ("output" if name in self.outputs else "temp")
         if inst.opcode == "parameter":
             primitive = ""
-            if inst.computation == self.entry:
+            if inst.computation == self.entry and inst.parameter in self.constants:
+                used = _used_at(name, self.instrs, self.consumers, self.frames)
+                kind, source = "constant", f"constant (used at {used})" if used else "constant"
+            elif inst.computation == self.entry:
                 kind, source = "argument", f"argument {inst.op_name}".strip()
             elif inst.computation in self.loops:
                 source = "loop state"

@@ -50,6 +50,7 @@ class _Instr:
     root: bool
     trip_count: int | None  # a while loop's known trip count
     loop_computations: tuple[str, ...]  # a while loop's condition and body
+    parameter: int | None = None  # a parameter's number
 
 
 def _split_shape(text):
@@ -204,6 +205,7 @@ def _instructions(hlo: str):
         frame = re.search(r"stack_frame_id=(\d+)", attrs)
         trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', attrs)
         loops = re.findall(r"\b(?:condition|body)=%([\w.\-]+)", attrs) if opcode == "while" else []
+        number = re.match(r"parameter\((\d+)\)", rest) if opcode == "parameter" else None
         out[m.group("name")] = _Instr(
             shape=shape,
             opcode=opcode,
@@ -214,6 +216,7 @@ def _instructions(hlo: str):
             root=line.lstrip().startswith("ROOT "),
             trip_count=int(trips.group(1)) if trips else None,
             loop_computations=tuple(loops),
+            parameter=int(number.group(1)) if number else None,
         )
     return out, entry
 
@@ -364,11 +367,13 @@ def _fold_steps(instrs, frames) -> int | None:
 
 
 def _compile_with_dump(fn, args, kwargs, name):
-    """``(compiled, live ranges, optimized HLO, buffer assignment)`` of ``fn(*args, **kwargs)``,
-    lowered as :func:`foldax.memory.report` lowers it (any callable, array leaves traced)."""
+    """``(compiled, live ranges, optimized HLO, buffer assignment, hoisted constants)`` of
+    ``fn(*args, **kwargs)``, lowered as :func:`foldax.memory.report` lowers it (any callable,
+    array leaves traced); the last: :func:`hoisted_constants`."""
     with tempfile.TemporaryDirectory(prefix="foldax-audit-") as d:
         try:
             lowered = lower(fn, args, kwargs, name)
+            constants = hoisted_constants(lowered.as_text())
             with _jax.compiled_here():  # not loaded from a persistent cache: dumped
                 compiled = lowered.compile(compiler_options={"xla_dump_to": d})
         except Exception as e:
@@ -392,7 +397,22 @@ def _compile_with_dump(fn, args, kwargs, name):
         if os.path.exists(assignment):
             with open(assignment) as f:
                 allocations = f.read()
-    return compiled, live, hlo, allocations
+    return compiled, live, hlo, allocations, constants
+
+
+def hoisted_constants(module: str) -> frozenset[int]:
+    """The numbers of the program's parameters that are arrays its function closes over (jax
+    >= 0.12.1 passes them as leading arguments marked ``jax.const``, where older versions
+    compiled them in as constants)."""
+    main = re.search(r"func\.func public @main\((?P<args>.*?)\)\s*->", module, re.DOTALL)
+    if main is None:
+        return frozenset()
+    parts = re.split(r"%arg(\d+):", main.group("args"))[1:]
+    return frozenset(
+        int(k)
+        for k, rest in zip(parts[::2], parts[1::2], strict=True)
+        if "jax.const = true" in rest
+    )
 
 
 def _allocations(text: str) -> dict[tuple[str, tuple[int, ...]], tuple[str, int, int]]:
