@@ -1,6 +1,7 @@
 """dot_product_attention at L^2, D = 64, float32: a boolean causal array mask (an argument of
-the jitted function), is_causal, an all-true array and an always-true formula, against no mask,
-forward and gradient, in turns (median of REPEATS ratios after warm-up; quartiles in brackets).
+the jitted function; also in tiles of 512), is_causal, an all-true array and an always-true
+formula, against no mask, forward and gradient, in turns (median of REPEATS ratios after
+warm-up; quartiles in brackets).
 
     python dev/causal-blocks/measure.py [L] [REPEATS]
 """
@@ -25,6 +26,7 @@ ways = {
     "none": lambda q, k, v, m: dpa(q, k, v),
     "is_causal": lambda q, k, v, m: dpa(q, k, v, is_causal=True),
     "array": lambda q, k, v, m: dpa(q, k, v, mask=m),
+    "array 512": lambda q, k, v, m: dpa(q, k, v, mask=m, block_size=512),
     "ones": lambda q, k, v, m: dpa(q, k, v, mask=ones),
     "true fn": lambda q, k, v, m: dpa(q, k, v, mask=lambda i, j: i >= 0),
 }

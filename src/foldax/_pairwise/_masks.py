@@ -210,11 +210,12 @@ def check_masking(name, mask, segment_ids, m, n, on_mesh, pairs=None, band=None)
     closed, consts, live, bounded = None, [], None, True
     if mask is not None:
         closed, consts = _check_mask(name, mask)
-        live, bounded = block_test(closed)
-    if closed is not None and always_true(closed, m, n):  # it removes nothing: left out
-        closed, live = None, None
-        if segment_ids is None and pairs is None:
-            return None
+        if always_true(closed, m, n):  # it removes nothing: left out (it reads no array)
+            closed = None
+            if segment_ids is None and pairs is None:
+                return None
+        else:
+            live, bounded = block_test(closed)
     ids = _check_segment_ids(name, segment_ids, m, n)
     table = () if pairs is None else (pairs, _cell_table(pairs))
     held = (*consts, *ids, *table)
