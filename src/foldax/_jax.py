@@ -20,6 +20,11 @@ with jax 0.10.2 (Python 3.11) and jax 0.12.0 (Python 3.12, 3.13); the tests run 
 * What is being traced (:func:`trace_kind`, for :mod:`foldax._eager`): ``jax._src``'s trace
   context and trace classes, present in 0.10.2 and 0.12.0; on a JAX where they moved, the
   eager cache keys no tracer (a transformed call is traced as JAX would), never wrong.
+* Which outputs of a traced function depend on which of its inputs (:func:`depends_on`, for
+  the tangent fold's symbolic zeros, :mod:`foldax._engine._derived`): ``partial_eval.dce_jaxpr``,
+  the dead-code elimination JAX runs on every jaxpr, with its rules for nested calls (``pjit``,
+  ``custom_jvp``). Same signature in 0.10.2 and 0.12; where it is missing, every output is taken
+  to depend on every input (zeros are then formed, as ``jax.jvp`` forms them).
 * JAX's persistent compilation cache, which a user may turn on (:func:`compiled_here`, for the
   memory audit): ``jax.experimental.compilation_cache.compilation_cache.reset_cache``, in
   0.10.2 and 0.12.0. The cache decides once per process whether it is used; resetting it
@@ -60,6 +65,22 @@ def open_jaxpr(p) -> tuple[Jaxpr, tuple]:
     if isinstance(p, Jaxpr):  # jax >= 0.11: everything; jax <= 0.10: an open jaxpr
         return p, tuple(getattr(p, "consts", ()))
     return p.jaxpr, tuple(p.consts)
+
+
+try:
+    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - another JAX
+    _dce_jaxpr = None
+
+
+def depends_on(f, *args) -> list[bool]:
+    """For each output leaf of ``f(*args)``: whether it depends on any of ``args`` (a leaf that
+    does not has a zero derivative, whatever the tangents of ``args``)."""
+    jaxpr, _ = open_jaxpr(jax.make_jaxpr(f)(*args))
+    n = len(jaxpr.outvars)
+    if _dce_jaxpr is None:  # pragma: no cover - another JAX
+        return [True] * n
+    return [any(_dce_jaxpr(jaxpr, [i == k for i in range(n)])[1]) for k in range(n)]
 
 
 def eval_jaxpr(jaxpr, consts, *args) -> list:
@@ -120,6 +141,7 @@ __all__ = [
     "ad",
     "batching",
     "compiled_here",
+    "depends_on",
     "eval_jaxpr",
     "is_jaxpr",
     "mlir",

@@ -154,7 +154,9 @@ class Monoid:
         return outputs[0]
 
     def tangent(self, v, dv, mask, info, *index):
-        """Tangents of the outputs from one tile. The default holds for reductions whose result
+        """Tangents of the outputs from one tile (``dv``: the values' tangents, like ``v``; for
+        a value of several arrays, a leaf that does not vary is ``None``, a symbolic zero, and
+        a value none of whose leaves varies has no tangent: this is not called). The default holds for reductions whose result
         depends on each value elementwise (sum, mean, extrema, log-sum-exp): the Jacobian is the
         cotangent of a unit output, ``row_cotangent(.., g=1)``, times ``dv``."""
         ones = jnp.ones(dv.shape[:1] + dv.shape[2:], dv.dtype)
@@ -209,6 +211,16 @@ def picked_elements(dv):
         return flat[..., 0]
     which = (jnp.arange(p) % f)[None, :, None]
     return jnp.take_along_axis(flat, which, axis=2)[..., 0]
+
+
+def instantiate(dv, v):
+    """A tile's value tangents ``dv`` with zeros (like ``v``) for the leaves given as ``None``
+    (symbolic zeros, :meth:`Monoid.tangent`): for a monoid whose tangent only weighs them
+    elementwise, where a zero costs nothing but a multiply."""
+    return jax.tree.map(
+        lambda d, a: jnp.zeros(a.shape, a.dtype) if d is None else d, dv, v,
+        is_leaf=lambda d: d is None,
+    )
 
 
 def promote(*dtypes):

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._base import _add_at, _tile_mask
+from ._base import _add_at, _tile_mask, instantiate
 from ._logsumexp import LogSumExp, lse_weights
 
 
@@ -82,7 +82,7 @@ class CrossEntropy(LogSumExp):
         return (dz.astype(z.dtype), dq.astype(q.dtype))
 
     def tangent(self, v, dv, mask, info):
-        (z, q), (dz, dq) = v, dv
+        (z, q), (dz, dq) = v, instantiate(dv, v)
         ok, p = self._weights(z, mask, info)
         dz, dq = (jnp.where(ok, a.astype(p.dtype), jnp.zeros((), p.dtype)) for a in (dz, dq))
         qa, za = _counted(z, q, ok, p.dtype)

@@ -223,10 +223,29 @@ class _ExtremumAndIndex(_Extremum):
         m, c, first, second = info
         cells = _expand(index if index.ndim == 2 else index[None, :], v.ndim)
         by_index = (cells == first[:, None]) | (cells == second[:, None])
-        hit = jnp.where(c[:, None] <= 2, by_index, v == m[:, None]) & _tile_mask(mask, v)
+        hit = jnp.where(c[:, None] <= 2, by_index, _ties(v, m[:, None])) & _tile_mask(mask, v)
         share = g[0] / jnp.maximum(c, 1).astype(g[0].dtype)
         ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
+
+
+#: How far, in units of the last place of the extreme, a value recomputed by a derivative rule
+#: may land from the extreme the forward fold found and still be one of its ties. Both are the
+#: same float expression of the same inputs, compiled into other programs (another fusion,
+#: vector lane or fused multiply-add): jax 0.12.1 recomputes a squared distance one unit away.
+TIE_ULPS = 4
+
+
+def _ties(v, m):
+    """Which recomputed values ``v`` are ties of the extreme ``m`` (broadcast against ``v``):
+    equal, or for floats within :data:`TIE_ULPS` units of ``m``'s last place. The rule for
+    three or more ties (fewer are found by their indices), whose share ``1 / count`` is the
+    forward fold's count; values of a row this close but not tied are split with them."""
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+        return v == m
+    m = m.astype(v.dtype)
+    near = jnp.abs(v - m) <= TIE_ULPS * jnp.finfo(v.dtype).eps * jnp.abs(m)
+    return (v == m) | near
 
 
 class Max(_Extremum):

@@ -19,6 +19,7 @@ from ._base import (
     _rescale_at,
     _take,
     _tile_mask,
+    instantiate,
 )
 
 
@@ -168,7 +169,7 @@ class WeightedLogSumExp(LogSumExp):
         return ((gl * w.astype(e.dtype) * e).astype(lg.dtype), (gl * e).astype(w.dtype))
 
     def tangent(self, v, dv, mask, info):
-        (lg, w), (dl, dw) = v, dv
+        (lg, w), (dl, dw) = v, instantiate(dv, v)
         e = self._e(lg, mask, info)
         t = jnp.sum(e * (w.astype(e.dtype) * dl.astype(e.dtype) + dw.astype(e.dtype)), axis=1)
         zero = jnp.zeros_like(t)

@@ -117,4 +117,5 @@ class SumOfProducts(Sum):
         (w, val), (dw, dval) = v, dv
         dtype = self._dtype(w.dtype, val.dtype)
         products = lambda a, b: masked_products(a, mask, b, dtype, self.pair_masked, True)  # noqa: E731
-        return (products(w, dval) + products(dw, val),)
+        terms = [products(a, b) for a, b in ((w, dval), (dw, val)) if None not in (a, b)]
+        return (sum(terms[1:], terms[0]),)  # (a tangent that is None is zero: left out)

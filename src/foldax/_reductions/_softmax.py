@@ -139,20 +139,22 @@ class SoftmaxSum(Monoid):
         return (ct_lg.astype(lg.dtype), ct_val.astype(val.dtype))
 
     def tangent(self, v, dv, mask, info):
+        # a tangent that is None is zero (:meth:`Monoid.tangent`): its products are left out
         lg, val = v
         dlg, dval = dv
         lse, out = info
         acc = out.dtype
         p, _ = self._weights(lg, mask, lse)
-        pd = p * dlg.astype(p.dtype)
-        d_lse = jnp.sum(pd, axis=1)
-        p, pd, val, dval = p.astype(acc), pd.astype(acc), val.astype(acc), dval.astype(acc)
+        pd = None if dlg is None else p * dlg.astype(p.dtype)
+        p, val = p.astype(acc), val.astype(acc)
         if self.shared:
             bj = p.shape[1]
-            flat = lambda a: a.reshape(bj, -1)  # noqa: E731
-            d = p @ flat(dval) + pd @ flat(val)
-            d_out = d.reshape(out.shape) - _expand(d_lse.astype(acc), out.ndim) * out
+            weigh = lambda w, a: (w @ a.reshape(bj, -1)).reshape(out.shape)  # noqa: E731
         else:
-            d = jnp.einsum("ij,ij...->i...", p, dval) + jnp.einsum("ij,ij...->i...", pd, val)
-            d_out = d - _expand(d_lse.astype(acc), out.ndim) * out
-        return (d_out, d_lse)
+            weigh = lambda w, a: jnp.einsum("ij,ij...->i...", w, a)  # noqa: E731
+        d_out = jnp.zeros(out.shape, acc) if dval is None else weigh(p, dval.astype(acc))
+        if pd is None:
+            return (d_out, jnp.zeros(lse.shape, lse.dtype))
+        d_lse = jnp.sum(pd, axis=1)
+        d_out = d_out + weigh(pd.astype(acc), val)
+        return (d_out - _expand(d_lse.astype(acc), out.ndim) * out, d_lse)
