@@ -13,7 +13,7 @@ from helpers import assert_allclose
 from jax.test_util import check_grads
 
 import foldax
-from foldax import _closure
+from foldax import _closure, _eager
 from foldax._pairwise._intervals import block_test
 from foldax.memory import report
 
@@ -528,6 +528,35 @@ def test_errors_name_the_function_and_the_fix(heads):
     for args, kw, match in cases:
         with pytest.raises(ValueError, match=r"foldax.dot_product_attention: " + match):
             foldax.dot_product_attention(*args, **kw)
+
+
+def test_real_scalar_options_of_any_type_are_taken(rng):
+    """``dropout_rate`` and ``logits_soft_cap`` as any real scalar -- NumPy scalars of every
+    width, 0-d NumPy and JAX arrays -- act as the Python float (and run its executable); bools,
+    complex numbers, arrays and traced values are refused."""
+    q, k, v = _qkv(rng, 1, 8, 2, 4)
+    key = jax.random.key(0)
+    f = lambda **kw: foldax.dot_product_attention(q, k, v, dropout_rng=key, **kw)  # noqa: E731
+    scalars = lambda x: [  # noqa: E731
+        np.float32(x), np.float16(x), np.float64(x), np.array(x, F32), jnp.asarray(x, F32),
+        jnp.asarray(x, jnp.bfloat16),
+    ]  # fmt: skip
+    dropped, capped = f(dropout_rate=0.25), f(logits_soft_cap=3.0)
+    entries = len(_eager.CACHE)
+    for rate in scalars(0.25):
+        np.testing.assert_array_equal(f(dropout_rate=rate), dropped, err_msg=repr(rate))
+    for cap in [3, *scalars(3.0), np.int8(3), np.uint64(3), np.array(3)]:
+        np.testing.assert_array_equal(f(logits_soft_cap=cap), capped, err_msg=repr(cap))
+    assert len(_eager.CACHE) == entries
+    for bad in [True, np.bool_(False), np.array(True), 0.5j, np.complex64(0.5), np.ones(1, F32)]:
+        with pytest.raises(ValueError, match=r"dropout_rate must be a number in \[0, 1\)"):
+            f(dropout_rate=bad)
+        with pytest.raises(ValueError, match=r"logits_soft_cap must be a positive number"):
+            f(logits_soft_cap=bad)
+    with pytest.raises(ValueError, match=r"logits_soft_cap must be a positive number"):
+        f(logits_soft_cap=np.float32(np.inf))
+    with pytest.raises(ValueError, match=r"dropout_rate must be a number in \[0, 1\)"):
+        jax.jit(lambda rate: f(dropout_rate=rate))(0.25)  # static: a traced rate is refused
 
 
 # ----------------------------------------------------------------------------------------------

@@ -401,6 +401,7 @@ def test_dropout_values_and_gradients_match_dense_with_its_mask(rng):
     # draws the forward pass's mask
     with jax.enable_x64(True):
         args = tuple(jnp.asarray(a, jnp.float64) for a in (q, kk, v, bias))
+        assert np.isfinite(jax.jit(f)(*args)).all()  # check_grads passes NaNs matching NaNs
         check_grads(jax.jit(f), args, order=1, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
 
 
@@ -432,6 +433,7 @@ def test_dropout_is_unbiased_and_flax_modules_train_with_it(rng):
 
     keys = jax.random.split(jax.random.key(1), 400)
     outs = jax.lax.map(noisy, keys)
+    assert np.isfinite(outs).all() and np.isfinite(clean).all()  # NaNs are never "close"
     assert not np.allclose(outs[0], clean) and not np.allclose(outs[0], outs[1])
     # E[keep / (1 - p)] = 1: the mean over draws tends to the output without dropout
     spread = np.asarray(outs).std(0) / np.sqrt(len(keys))
@@ -448,6 +450,7 @@ def test_dropout_is_unbiased_and_flax_modules_train_with_it(rng):
         attention_fn=foldax.dot_product_attention, rngs=nnx.Rngs(0, dropout=1),
     )  # fmt: skip
     a, b = mod(x, deterministic=False), mod(x, deterministic=False)
+    assert np.isfinite(a).all() and np.isfinite(b).all()  # NaNs are never "close"
     assert a.shape == x.shape and not np.allclose(a, b)  # a new draw each call
 
 

@@ -138,6 +138,64 @@ def test_ignored_and_out_of_range_labels(rng):
     assert np.isnan(foldax.linear_cross_entropy(h, w, np.full(T, IGNORE, np.int32)))
 
 
+def test_wide_labels_and_ignore_index_are_compared_in_their_own_width(rng):
+    """64-bit and unsigned labels, and an ``ignore_index`` the labels' dtype cannot hold, are
+    never narrowed first: a label out of ``[0, V)`` is NaN (not the row it wraps onto, nor an
+    ignored token), and ``ignore_index`` matches only the label it equals."""
+    with jax.enable_x64(True):
+        h, w = jnp.asarray(rng.standard_normal((4, 3))), jnp.asarray(rng.standard_normal((300, 3)))
+        w10 = w[:10]
+
+        def f(w, labels, **kw):
+            return foldax.linear_cross_entropy(h, w, labels, reduction="none", **kw)
+
+        plain = jax.jit(lambda w, labels: reference(h, w, labels, reduction="none"))
+        want = np.asarray(plain(w10, np.array([1, 1, 3, 3], np.int32)))
+        nan = np.nan
+        cases = [  # (labels, ignore_index, what each token loses: NaN, 0 or its loss)
+            (np.array([2**32 + 1, 1, 3, 2**32 + 3], np.int64), 2**32 + 3, [nan, 1, 1, 0]),
+            (np.array([2**32 - 100, 1, 3, 3], np.uint32), IGNORE, [nan, 1, 1, 1]),
+            (np.array([2**32 - 100, 1, 3, 2**32 - 1], np.uint32), 2**32 - 100, [0, 1, 1, nan]),
+            (np.array([-1, 1, 3, 3], np.int8), 2**8 + 3, [nan, 1, 1, 1]),
+        ]
+        for labels, ignore, keep in cases:
+            got = f(w10, jnp.asarray(labels), ignore_index=ignore)
+            msg = f"{labels.dtype} labels, ignore_index={ignore}"
+            assert_allclose(got, want * np.asarray(keep), dtype=F64, err_msg=msg)
+        # uint8 labels and V = 300 beyond their range: every label is in range
+        labels = np.array([255, 1, 3, 0], np.uint8)
+        got = f(w, jnp.asarray(labels))
+        assert_allclose(got, plain(w, labels.astype(np.int32)), dtype=F64)
+
+
+def test_no_features_loses_log_v(rng):
+    """``D = 0``: every logit is 0, so each kept token loses ``log V`` (plus the z-loss), as
+    the plain loss does, in every reduction, with every option; the gradients are ``h``'s and
+    ``w``'s empty shapes."""
+    h, w = jnp.zeros((2, 5, 0), F32), jnp.zeros((V, 0), F32)
+    labels = rng.integers(0, V, (2, 5)).astype(np.int32)
+    labels[0, 1] = IGNORE
+    kw = {"logit_soft_cap": 2.0, "label_smoothing": 0.1, "z_loss": 0.01}
+    reductions = ("none", "mean", "sum")
+
+    def everything(h, w):
+        def ours(h, w, r):
+            return foldax.linear_cross_entropy(h, w, labels, reduction=r, block_size=(4, 64), **kw)
+
+        return [ours(h, w, r) for r in reductions], jax.grad(ours, (0, 1))(h, w, "mean")
+
+    def theirs(h, w):
+        return [reference(h, w, labels, reduction=r, eps=0.1, z_loss=0.01, cap=2.0)
+                for r in reductions]  # fmt: skip
+
+    values, grads = jax.jit(everything)(h, w)
+    for r, got, want in zip(reductions, values, jax.jit(theirs)(h, w), strict=True):
+        assert_allclose(got, want, dtype=F32, err_msg=r)
+    kept = np.log(V) + 0.01 * np.log(V) ** 2
+    assert_allclose(values[0], np.where(labels != IGNORE, kept, 0.0), dtype=F32)
+    assert [(g.shape, g.dtype) for g in grads] == [(h.shape, h.dtype), (w.shape, w.dtype)]
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("block_size", [None, (8, 128)])
 def test_half_precision_accumulates_in_float32(dtype, block_size, rng):

@@ -338,6 +338,7 @@ def test_check_grads_float64(name, seed):
         xj = jnp.asarray(x)
         f = jax.jit(lambda x: _select(op(name)(x, sizes=sizes, chunk_size=4), keep))
         assert f(xj).dtype == jnp.float64
+        assert np.isfinite(f(xj)).all()  # check_grads passes NaNs matching NaNs
         check_grads(
             f, (xj,), order=1, modes=["rev"], eps=t["fd_eps"], atol=t["fd_tol"], rtol=t["fd_tol"]
         )
@@ -358,6 +359,7 @@ def test_check_grads_float32_params(rng):
             out = op(name)(x, sizes=sizes, fn=lambda rows: rows @ w, chunk_size=4)
             return _select(out, keep)
 
+        assert np.isfinite(jax.jit(f)(w)).all()  # check_grads passes NaNs matching NaNs
         check_grads(
             jax.jit(f),
             (w,),

@@ -638,3 +638,63 @@ def test_a_mask_that_keeps_every_pair_is_left_out(rng):
     assert_allclose(with_mask, foldax.pairwise_reduce(lambda a, b: a @ b, x, y), dtype=np.float32)
     ids = jnp.asarray(np.sort(rng.integers(0, 3, m)), jnp.int32)
     assert check_masking("t", lambda i, j: i >= 0, (ids, ids[:n]), m, n, False).ids
+
+
+# ----------------------------------------------------------------------------------------------
+# The tile sampler (foldax._pairwise._band): a formula evaluated in NumPy when the call is traced
+
+
+#: Masks that divide by zero or overflow at some pairs. A float ``t / s`` is compared with a
+#: constant no quotient of indices below 300 comes within rounding of (``sqrt(3)``): compiled
+#: in the engine's tiles, ``t / s`` may be ``t * (1 / s)``, which is not 2.0 at ``(82, 41)``.
+_DIVIDING = dict(
+    floor_divide_by_zero=lambda t, s: t // s == 2,
+    true_divide_by_zero=lambda t, s: (t / s) < 1.7320508,
+    remainder_by_zero=lambda t, s: jax.lax.rem(t, s - 7) > 3,
+    float_remainder_by_zero=lambda t, s: jnp.fmod(t.astype(jnp.float32), s.astype(jnp.float32)) < 1,
+    # inf and NaN cast to an integer: XLA saturates (NaN is 0), NumPy leaves it to the platform
+    inf_to_int=lambda t, s: (t / s * 1.7320508).astype(jnp.int32) > 1,
+    float_overflow=lambda t, s: (
+        t.astype(jnp.float32) * jnp.float32(1e37) < s.astype(jnp.float32) * jnp.float32(1e37)
+    ),
+)
+
+
+@_masks(**_DIVIDING)
+def test_masks_that_divide_by_zero_raise_no_warning(rng, mask):
+    """The tile sampler evaluates a formula of the indices in NumPy when the call is traced
+    (at least 256 rows each way, a contracting kernel, no ``block_size``): a division by zero
+    or an overflow at some pairs is the mask's own, fine in JAX, and must not make foldax warn
+    (warnings are errors here). The values match a dense float64 reference over the pairs the
+    mask keeps compiled, and the sampled pairs as XLA computes them."""
+    from foldax._pairwise import _band
+
+    m, n = 300, 280
+    keep = _pairs(mask, m, n)
+    assert keep.any() and not keep.all()
+    rows, cols = _band._samples(m), _band._samples(n)
+    sampled = _band._evaluate(_trace(mask)[0].jaxpr, rows[:, None], cols[None, :])
+    np.testing.assert_array_equal(np.broadcast_to(sampled, keep.shape), keep[rows][:, cols])
+    x = rng.standard_normal((m, 8)).astype(np.float32)
+    y = rng.standard_normal((n, 8)).astype(np.float32)
+    got = foldax.pairwise_reduce(lambda a, b: a @ b, x, y, mask=mask)
+    want = np.where(keep, x.astype(np.float64) @ y.astype(np.float64).T, 0.0).sum(1)
+    assert_allclose(got, want, dtype=np.float32, scale=50)
+
+
+def test_attention_mask_that_divides_by_zero_raises_no_warning(rng):
+    """The same through ``dot_product_attention``: ``t / s`` is NaN at ``(0, 0)`` and inf at
+    ``s = 0``; every row keeps ``s = t`` (``s >= 1`` in row 0)."""
+    t, heads, h = 300, 2, 8
+    mask = _DIVIDING["true_divide_by_zero"]
+    q, k, v = (rng.standard_normal((1, t, heads, h)).astype(np.float32) for _ in range(3))
+    got = foldax.dot_product_attention(q, k, v, mask=mask)
+    keep = _pairs(mask, t, t)
+    assert keep.any(1).all()
+    q64, k64, v64 = (a.astype(np.float64)[0] for a in (q, k, v))
+    logits = np.einsum("tnh,snh->nts", q64, k64) / np.sqrt(h)
+    logits = np.where(keep[None], logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    want = np.einsum("nts,snh->tnh", weights, v64)[None]
+    assert_allclose(got, want, dtype=np.float32, scale=10)

@@ -344,6 +344,7 @@ def test_plain_sum_under_sorted_ids_is_jax_ops_program():
     exact = jax.ops.segment_sum(half.astype(jnp.float32), known, s).astype(jnp.bfloat16)
     got = jax.jit(lambda x, i: foldax.segment_sum(x, i, s))(half, known)
     as32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    assert np.isfinite(as32(exact)).all()  # assert_allclose takes NaN == NaN
     np.testing.assert_allclose(as32(got), as32(exact), rtol=2**-7)  # 2 ulps of bfloat16
 
 

@@ -522,6 +522,7 @@ def test_weighted_logsumexp_gradients(rng):
     def f(x, w):
         return foldax.pairwise_reduce(_weighted_kernel, x, (y, w), reduction="logsumexp")
 
+    assert np.isfinite(jax.jit(f)(x, w)).all()  # check_grads passes NaNs matching NaNs
     check_grads(jax.jit(f), (x, w), order=2, modes=("fwd", "rev"), atol=2e-2, rtol=2e-2)
     # at a zero weight the derivative is exp(l - out): finite, not NaN
     w0 = w.copy()
@@ -891,6 +892,7 @@ def test_grad_max_ties_split_evenly():
     want = jax.grad(loss)(y, True)
     # row 0: 4 ties (y = 0 or 1, value -0.25), row 1: 2 ties (y = 2)
     np.testing.assert_array_equal(np.asarray(want)[:, 0] != 0, [1, 1, 1, 1, 1, 1, 0])
+    assert np.isfinite(np.asarray(want)).all()  # assert_allclose takes NaN == NaN
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -915,6 +917,8 @@ def test_check_grads_float64(rng):
 
         f = jax.jit(f)
         assert all(a.dtype == jnp.float64 for a in jax.tree.leaves(f(x, y, theta)))
+        # check_grads passes NaNs matching NaNs
+        assert all(np.isfinite(a).all() for a in jax.tree.leaves(f(x, y, theta)))
         check_grads(
             f,
             (x, y, theta),

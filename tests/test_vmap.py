@@ -209,6 +209,7 @@ def test_a_batch_of_large_pairwise_folds_is_walked_element_by_element(rng):
                     jax.tree.leaves((each[b], jvps[b])),
                     strict=True,
                 ):
+                    assert np.isfinite(want).all()  # assert_allclose takes NaN == NaN
                     np.testing.assert_allclose(got[b], want, rtol=2e-5, atol=2e-5)
     (rule,) = [e.params["fold_rule"] for e in fold.jaxpr.eqns if "fold_rule" in e.params]
     assert _primitive._walks_alone(rule.inner), "the batch was expected to walk alone"

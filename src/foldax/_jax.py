@@ -3,7 +3,7 @@
 JAX's API compatibility policy does not cover ``jax.core``, ``jax.extend``, ``jax.interpreters``
 or ``jax._src``; a library that defines a primitive has no other way in. Every such import of
 foldax is here, with what it is for, so that a new JAX is checked against one file. Checked
-with jax 0.10.2 (Python 3.11) and jax 0.12.0 (Python 3.12, 3.13); the tests run on both.
+with jax 0.10.2 (Python 3.11) and jax 0.12.0 / 0.12.1 (Python 3.12, 3.13); the tests run on both.
 
 * The primitive and its rule tables (:mod:`foldax._engine._registration`): ``Primitive``,
   ``ad.primitive_jvps`` / ``primitive_transposes`` / ``is_undefined_primal``, ``Zero`` (a

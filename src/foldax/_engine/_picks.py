@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
+from .._reductions._base import identity
 from ._spec import _aval, _is_float, _is_zero, _zero_tangent
 
 #: Bytes of gathered rows evaluated at once (more rows of slots are walked in a loop).
@@ -125,9 +125,9 @@ def tied_extreme(spec, is_max, consts, slots, rows, which):
                 keep = jnp.broadcast_to(spec.pair_mask(consts, i[None, None], cols[None]), (1, n))
             v = spec.body(consts, tuple(a[None] for a in slot), tuple(rows), keep, cols)[0][0]
             keep = keep[0].reshape((n,) + (1,) * (v.ndim - 1))
-            w = jnp.where(keep, v, jnp.asarray(-np.inf if is_max else np.inf, v.dtype))
+            w = jnp.where(keep, v, jnp.asarray(identity(is_max, v.dtype), v.dtype))
             best = jnp.max(w, axis=0) if is_max else jnp.min(w, axis=0)
-            hit = (w == best) & keep
+            hit = (w == best[None]) & keep
             count = jnp.maximum(jnp.sum(hit, axis=0), 1).astype(v.dtype)
             return jnp.sum(jnp.where(hit, v, jnp.zeros((), v.dtype)), axis=0) / count
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -345,17 +346,39 @@ def _mask_array(mask):
     return mask != 0
 
 
+def _real(value):
+    """A concrete real scalar -- a Python, NumPy or 0-d array's int or float, of any width --
+    as a Python float, else ``None`` (a bool, a complex, a traced value, anything else)."""
+    if isinstance(value, bool):
+        return None
+    if not isinstance(value, numbers.Real):  # NumPy scalars, 0-d NumPy and JAX arrays
+        dtype = getattr(value, "dtype", None)
+        if dtype is None or getattr(value, "ndim", None) != 0:
+            return None
+        if not any(jnp.issubdtype(dtype, kind) for kind in (jnp.integer, jnp.floating)):
+            return None
+    try:
+        return float(value)
+    except (TypeError, OverflowError):  # (ConcretizationTypeError is a TypeError)
+        return None
+
+
 def _check_options(dropout_rate, deterministic, module, implementation, cap):
     """Refuse what Flax's or ``jax.nn``'s options ask for and this function cannot do, and a
-    soft cap that is not a positive number."""
-    if cap is not None and not (isinstance(cap, int | float) and cap > 0):
-        _fail(f"logits_soft_cap must be a positive number, got {cap!r}", "pass a cap > 0 or None")
+    soft cap that is not a positive number; ``(dropout_rate, cap)`` as Python floats."""
+    rate, given_cap = _real(dropout_rate), cap
+    cap = None if given_cap is None else _real(given_cap)
+    if given_cap is not None and not (cap is not None and 0 < cap < math.inf):
+        _fail(
+            f"logits_soft_cap must be a positive number, got {given_cap!r}",
+            "pass a finite cap > 0 or None",
+        )
     if implementation not in (None, "xla", "cudnn"):
         _fail(
             f"implementation must be None, 'xla' or 'cudnn', got {implementation!r}",
             "leave it out (the fold is the same on every backend)",
         )
-    if not (isinstance(dropout_rate, int | float) and 0 <= dropout_rate < 1):
+    if rate is None or not 0 <= rate < 1:
         _fail(
             f"dropout_rate must be a number in [0, 1), got {dropout_rate!r}",
             "pass the share of attention weights to drop, e.g. 0.1",
@@ -365,6 +388,7 @@ def _check_options(dropout_rate, deterministic, module, implementation, cap):
             "a module was passed to sow the attention weights, which are never formed",
             "call the module with sow_weights=False (or use Flax's attention_fn to inspect them)",
         )
+    return rate, cap
 
 
 def _dropout(rate, deterministic, rng, broadcast, batch):
@@ -407,12 +431,25 @@ def _mask_replay(closed, consts):
     return lambda t, s: run(t, s)
 
 
+def _eager_options(arguments):
+    """The arguments an eager call is keyed and run with: a real-scalar ``dropout_rate`` or
+    ``logits_soft_cap`` of any type as the Python float it acts as (``np.float32(0.25)``,
+    ``0.25`` and a 0-d array of it run one executable); anything else as given (the call then
+    raises its own error)."""
+    told = dict(arguments)
+    for name in ("dropout_rate", "logits_soft_cap"):
+        if name in told and (number := _real(told[name])) is not None:
+            told[name] = number
+    return told
+
+
 _eager_call = _eager.cached(
     dynamic=(
         "query", "key", "value", "bias", "mask", "query_seq_lengths",
         "key_value_seq_lengths", "segment_ids", "dropout_rng",
     ),
     hoist={"mask": _eager.Hoist(_mask_examples, _mask_replay)},
+    prepare=_eager_options,
 )  # fmt: skip
 
 
@@ -545,7 +582,9 @@ def dot_product_attention(
       >>> foldax.dot_product_attention(q, k, v, mask=per_head, is_causal=True).shape
       (2, 8, 4, 16)
     """
-    _check_options(dropout_rate, deterministic, module, implementation, logits_soft_cap)
+    dropout_rate, logits_soft_cap = _check_options(
+        dropout_rate, deterministic, module, implementation, logits_soft_cap
+    )
     if dtype is not None:
         query, key, value = (jnp.asarray(a, dtype) for a in (query, key, value))
     batch, t, s, n, kh, h = _shapes(query, key, value, layout)
@@ -558,7 +597,7 @@ def dot_product_attention(
         head_mask=mask if takes_head else None,
         block_size=block_size,
         return_residual=bool(return_residual),
-        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        logits_soft_cap=logits_soft_cap,
         precision=precision,
     )
     call["dropout"], drop, drop_ax = _dropout(

@@ -86,10 +86,33 @@ def _any_per_group(a, group, axis):
 
 
 def _div(a, b):
-    """``lax.div``: integers rounded toward zero (a zero divisor read as 1: an estimate)."""
+    """``lax.div``: integers rounded toward zero, ``x / 0`` all ones (-1), as XLA computes
+    them (``MIN / -1`` wraps in NumPy too); floats by IEEE rules (``x / 0``: inf or NaN)."""
     if np.issubdtype(np.result_type(a, b), np.floating):
         return np.true_divide(a, b)
-    return np.sign(a) * np.sign(b) * (np.abs(a) // np.maximum(np.abs(b), 1))
+    zero = b == 0
+    safe = np.where(zero, np.ones_like(b), b)
+    q = np.sign(a) * np.sign(safe) * (np.abs(a) // np.abs(safe))
+    return np.where(zero, np.asarray(-1).astype(q.dtype), q)
+
+
+def _rem(a, b):
+    """``lax.rem``: the sign of ``a``; an integer ``x % 0`` is ``x``, as XLA computes it (a
+    float's is NaN)."""
+    if np.issubdtype(np.result_type(a, b), np.floating):
+        return np.fmod(a, b)
+    zero = b == 0
+    return np.where(zero, a, np.fmod(a, np.where(zero, np.ones_like(b), b)))
+
+
+def _convert(a, dtype):
+    """``convert_element_type`` as XLA computes it: a float cast to an integer saturates, and
+    NaN becomes 0 (NumPy's own cast leaves both to the platform)."""
+    dtype = np.dtype(dtype)
+    if a.dtype.kind == "f" and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        a = np.clip(np.trunc(np.nan_to_num(a.astype(np.float64), nan=0.0)), info.min, info.max)
+    return a.astype(dtype)
 
 
 #: NumPy forms of the primitives a mask of indices is written with.
@@ -110,11 +133,11 @@ _OPS = {
     "ge": np.greater_equal,
     "eq": np.equal,
     "ne": np.not_equal,
-    "and": np.logical_and,
-    "or": np.logical_or,
-    "xor": np.logical_xor,
-    "not": np.logical_not,
-    "rem": np.fmod,
+    "and": np.bitwise_and,  # lax's and / or / xor / not: bitwise on integers, logical on bools
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+    "not": np.invert,
+    "rem": _rem,
     "div": _div,
     "select_n": lambda p, *cases: np.choose(p.astype(np.int64), cases),
     "copy": lambda a: a,
@@ -123,30 +146,40 @@ _OPS = {
 
 def _evaluate(jaxpr, i, j):
     """The mask's jaxpr (no constants) on broadcasting integer arrays ``i``, ``j`` in NumPy,
-    or ``None`` where it uses a primitive outside :data:`_OPS`."""
-    out = _run(jaxpr, [i, j])
+    or ``None`` where it uses a primitive outside :data:`_OPS`.
+
+    A formula may divide by zero, overflow or make NaNs at some pairs (``t // s`` at
+    ``s = 0``), as it may in JAX: NumPy's warnings about them are not the caller's (they would
+    raise where warnings are errors), so they are silenced. Where NumPy's value still differs
+    from XLA's (float arithmetic XLA fuses or rewrites, ``t / s`` as ``t * (1 / s)``) only the
+    estimate suffers: the tile chosen, never which blocks are skipped (the engine's block test
+    and pair mask decide that, on the compiled formula)."""
+    with np.errstate(all="ignore"):
+        out = _run(jaxpr, [i, j])
     return None if out is None or len(out) != 1 else np.asarray(out[0], bool)
 
 
 def _run(jaxpr, args):
-    """The outputs of ``jaxpr`` (no constants) on ``args`` in NumPy, or ``None``."""
+    """The outputs of ``jaxpr`` (no constants) on ``args`` in NumPy, or ``None``; each value
+    in its own dtype (the indices int32, as traced: products wrap as they do in XLA)."""
     jaxpr, consts = _jax.open_jaxpr(jaxpr)
     if consts or jaxpr.constvars or len(jaxpr.invars) != len(args):
         return None
-    env = dict(zip(jaxpr.invars, args, strict=True))
-    read = lambda v: np.asarray(v.val) if hasattr(v, "val") else env[v]  # noqa: E731
+    as_traced = lambda v, a: np.asarray(a).astype(v.aval.dtype, copy=False)  # noqa: E731
+    env = {v: as_traced(v, a) for v, a in zip(jaxpr.invars, args, strict=True)}
+    read = lambda v: as_traced(v, v.val) if hasattr(v, "val") else env[v]  # noqa: E731
     for eqn in jaxpr.eqns:
         name, ins = eqn.primitive.name, [read(v) for v in eqn.invars]
         inner = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr") if k in eqn.params), None)
         if inner is not None:
             outs = _run(inner, ins)
         elif name == "convert_element_type":
-            outs = [ins[0].astype(eqn.params["new_dtype"])]
+            outs = [_convert(ins[0], eqn.params["new_dtype"])]
         elif name in _OPS:
             outs = [_OPS[name](*ins)]
         else:
             return None
         if outs is None or len(outs) != len(eqn.outvars):
             return None
-        env.update(zip(eqn.outvars, outs, strict=True))
+        env.update((v, as_traced(v, out)) for v, out in zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in jaxpr.outvars]

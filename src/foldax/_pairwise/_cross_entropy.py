@@ -5,6 +5,7 @@ vocabulary: the ``(T, V)`` logits are never formed, forward or backward."""
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -211,8 +212,13 @@ def linear_cross_entropy(
     axes = _shard.axis_tuple(_NAME, axis_name)
     acc = _accumulator(h, w)
     shape, d = labels.shape, h.shape[-1]
-    hf, lab = h.reshape(-1, d), labels.reshape(-1).astype(jnp.int32)
+    hf = h.reshape(math.prod(shape), d)  # (not -1: D may be 0, and T is known)
     first, v = _vocabulary(axes, w.shape[0])
+    # ignored / in range decided in the labels' own dtype, before the (then exact) cast: no
+    # wide label, and no wide ``ignore_index``, wraps onto a row or onto ``ignore_index``
+    labels = labels.reshape(-1)
+    kept, valid = _kept(labels, ignore_index), _in_range(labels, v)
+    lab = jnp.where(valid, labels.astype(jnp.int32), -1)  # -1: no row's id
     ids = first + jnp.arange(w.shape[0], dtype=jnp.int32)  # the global id of each row of w
     with _engine.memory_budget(_PROBE_OVERCOUNT * _engine.current_budget()):
         loss, lse = reduce_pairs(
@@ -222,8 +228,6 @@ def linear_cross_entropy(
         )  # fmt: skip
     if not _is_zero(z_loss):
         loss = loss + jnp.asarray(z_loss, acc) * lse**2
-    kept = lab != ignore_index
-    valid = (lab >= 0) & (lab < v)
     loss = jnp.where(kept, jnp.where(valid, loss, jnp.nan), jnp.zeros((), loss.dtype))
     loss = loss.astype(acc)
     if reduction == "none":
@@ -233,6 +237,30 @@ def linear_cross_entropy(
     else:
         out = jnp.sum(loss) / jnp.sum(kept).astype(acc)
     return (out, lse.reshape(shape).astype(acc)) if return_lse else out
+
+
+def _kept(labels, ignore_index):
+    """Which labels differ from ``ignore_index``, compared in the labels' dtype: an index that
+    dtype cannot hold matches no label (it is never narrowed onto one)."""
+    if isinstance(ignore_index, float | np.floating) and float(ignore_index).is_integer():
+        ignore_index = int(ignore_index)
+    try:
+        i = operator.index(ignore_index)
+    except TypeError:  # a non-integral float, an array: compared as JAX promotes them
+        return labels != ignore_index
+    info = jnp.iinfo(labels.dtype)
+    if not info.min <= i <= info.max:
+        return jnp.ones(labels.shape, bool)
+    return labels != jnp.asarray(i, labels.dtype)
+
+
+def _in_range(labels, v):
+    """Which labels lie in ``[0, v)``, compared in the labels' dtype (signed or unsigned)."""
+    info = jnp.iinfo(labels.dtype)
+    ok = labels >= 0 if info.min < 0 else jnp.ones(labels.shape, bool)
+    if v <= info.max:  # (else every label of that dtype is below v)
+        ok = ok & (labels < jnp.asarray(v, labels.dtype))
+    return ok
 
 
 def _concrete(value):
