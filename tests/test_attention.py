@@ -162,6 +162,7 @@ def test_packed_attention_gradients_check_numerically(rng):
         f = lambda q, k, v: foldax.dot_product_attention(  # noqa: E731
             q[:, None], k[:, None], v[:, None], is_causal=True, segment_ids=seg, block_size=8
         )
+        assert np.all(np.isfinite(np.asarray(f(q, k, v))))  # (check_grads takes NaN == NaN)
         check_grads(
             jax.jit(f), (q, k, v), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-5, rtol=1e-5
         )

@@ -111,6 +111,7 @@ def test_derivatives_of_every_order(rng):
                 block_size=(2, 4),
             )  # fmt: skip
 
+        assert np.all(np.isfinite(np.asarray(loss(h, w))))  # (check_grads takes NaN == NaN)
         check_grads(
             jax.jit(loss), (h, w), order=2, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6
         )

@@ -384,12 +384,14 @@ def s4_reference(problem: S4Problem, block: int = 32):
 
 
 def max_rel_err_tree(got, want) -> float:
-    """Largest relative error over arrays, each relative to its own largest magnitude."""
+    """Largest relative error over arrays, each relative to its own largest magnitude; NaN
+    where any error is NaN (``max`` would drop a NaN after the first leaf)."""
     got, want = jax.tree.leaves(got), jax.tree.leaves(want)
-    return max(
+    errs = [
         float(np.max(np.abs(np.asarray(g) - w)) / max(np.max(np.abs(w)), 1e-30))
         for g, w in zip(got, want, strict=True)
-    )
+    ]
+    return float("nan") if any(np.isnan(errs)) else max(errs)
 
 
 def measure_s4(
