@@ -169,6 +169,17 @@ def test_wide_labels_and_ignore_index_are_compared_in_their_own_width(rng):
         assert_allclose(got, plain(w, labels.astype(np.int32)), dtype=F64)
 
 
+def test_host_labels_wider_than_jax_integers_are_refused(rng):
+    """Without x64, a NumPy label JAX's int32 cannot hold would wrap onto another token id
+    when converted: refused, naming the label; labels that fit are taken."""
+    h, w = rng.standard_normal((2, 3)).astype(F32), rng.standard_normal((V, 3)).astype(F32)
+    for labels in (np.array([2**32 + 1, 2], np.int64), [2, -(2**40)]):
+        with pytest.raises(ValueError, match=r"labels holds .* cannot hold"):
+            foldax.linear_cross_entropy(h, w, labels)
+    got = foldax.linear_cross_entropy(h, w, np.array([1, 2], np.int64), reduction="none")
+    assert_allclose(got, reference(h, w, np.array([1, 2], np.int32), reduction="none"), dtype=F32)
+
+
 def test_no_features_loses_log_v(rng):
     """``D = 0``: every logit is 0, so each kept token loses ``log V`` (plus the z-loss), as
     the plain loss does, in every reduction, with every option; the gradients are ``h``'s and

@@ -37,6 +37,7 @@ def _fail(what, fix, kind=ValueError):
 
 def _checked(h, w, labels, w_layout, reduction, logit_soft_cap, label_smoothing, z_loss):
     """``(h, w (V, D), labels)`` as arrays, after checking what can be checked statically."""
+    _check_host_labels(labels)
     h, w, labels = (jnp.asarray(a) for a in (h, w, labels))
     for arg, a in (("h", h), ("w", w)):
         if not jnp.issubdtype(a.dtype, jnp.floating):
@@ -67,6 +68,25 @@ def _checked(h, w, labels, w_layout, reduction, logit_soft_cap, label_smoothing,
     _check_number("label_smoothing", label_smoothing, at_most_one=True)
     _check_number("z_loss", z_loss)
     return h, w, labels
+
+
+def _check_host_labels(labels):
+    """Labels given on the host (NumPy, lists) that JAX's integers cannot hold (64-bit values
+    without ``jax_enable_x64``) are refused: ``jnp.asarray`` would wrap them onto other ids."""
+    if isinstance(labels, jax.Array) or not isinstance(labels, np.ndarray | list | tuple | int):
+        return
+    host = np.asarray(labels)
+    if host.dtype.kind not in "iu" or not host.size:
+        return
+    info = np.iinfo(jnp.asarray(host.reshape(-1)[:0]).dtype)
+    low, high = host.min(), host.max()
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
+        _fail(
+            f"labels holds {bad}, which JAX's {info.dtype} cannot hold (it would wrap onto "
+            "another token id)",
+            "pass token ids in [0, V) (or turn on jax_enable_x64 for 64-bit labels)",
+        )
 
 
 def _check_number(arg, value, positive=False, none_ok=False, at_most_one=False):
