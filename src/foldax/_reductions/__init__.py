@@ -23,13 +23,17 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
   differentiated fold is computed with, so that the rules above can read what it adds (a max's
   indices: the rules never re-compare recomputed values, which XLA may round differently);
 * ``tangent(v, dv, mask, info)``: the outputs' tangents contributed by one tile (``(G, ...)`` per
-  output, ``None`` for integer outputs), given the values' tangents ``dv``;
+  output, ``None`` for integer outputs), given the values' tangents ``dv``: for a value of
+  several arrays, a leaf that does not vary is ``None`` (a symbolic zero; ``_base.instantiate``
+  makes zeros of it where a monoid only weighs it elementwise), and a tile none of whose values
+  varies is not passed at all (a product with a broadcast zero is never formed: XLA:CPU has
+  computed such products from unwritten memory);
 * optionally, for a reduction that picks values (max, min, their indices, the ``k`` smallest):
   ``picks(info)`` the ``(S, P)`` indices of the rows whose values each slot's outputs are,
   ``picked_tangent(info, dv)`` the outputs' tangents from the values' tangents ``(S, P, *F)`` at
   those pairs, and ``streamed_rows(info)`` the slots (``(S,)`` bool, or ``None``) that the
-  picks do not settle: a dense fold's tangents are then taken at the picks alone
-  (:mod:`foldax._engine._picks`).
+  picks do not settle (their ties found among each slot's values computed at once): a dense
+  fold's tangents are then taken at the picks alone (:mod:`foldax._engine._picks`).
 
 A new reduction is a new monoid; the engine in :mod:`foldax._engine` never changes.
 """
