@@ -6,17 +6,16 @@ of such a monoid keeps the indices (``Monoid.for_derivatives``), so its tangent 
 ``jax.jvp`` at those pairs alone: ``O(M)`` values gathered from the rows, not a second
 streamed pass over every pair. JAX transposes that gather for reverse mode and differentiates
 it again for higher orders. The rows the indices do not settle (three or more tied values:
-``Monoid.streamed_rows``) take :func:`tied_extreme`: each such row's values at once, the ties
-found among them.
+``Monoid.streamed_rows``) take the streamed tangent fold, restricted by a pair mask to those
+rows: its blocks of other rows are skipped.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from .._reductions._base import identity
+from .._jax import Zero
 from ._spec import _aval, _is_float, _is_zero, _zero_tangent
 
 #: Bytes of gathered rows evaluated at once (more rows of slots are walked in a loop).
@@ -65,7 +64,7 @@ def values_at(spec, consts, slots, rows, idx):
 def _floats(fold, primals, outs, tangents_in):
     """The tangents of ``fold``'s (unbatched) slot outputs at its picks, ``None`` for the
     integer ones."""
-    _, consts, slots, rows = primals
+    arrays, consts, slots, rows = primals
     spec, mon = fold.spec, fold.spec.monoid
     info = fold.info(outs)
     idx = mon.picks(info)
@@ -85,57 +84,20 @@ def _floats(fold, primals, outs, tangents_in):
             flat[k] = v
         return values_at(spec, tuple(flat[:nc]), tuple(flat[nc : nc + ns]), flat[nc + ns :], idx)
 
-    live_p, live_t = [flat_p[k] for k in live], [flat_t[k] for k in live]
-    _, dv = jax.jvp(at, live_p, live_t)
+    _, dv = jax.jvp(at, [flat_p[k] for k in live], [flat_t[k] for k in live])
     per_output = list(mon.picked_tangent(info, dv))
     many = mon.streamed_rows(info)
-    if many is not None and per_output[0] is not None:
-        def ties(*some):
-            flat = list(flat_p)
-            for k, v in zip(live, some, strict=True):
-                flat[k] = v
-            c, sl = tuple(flat[:nc]), tuple(flat[nc : nc + ns])
-            return tied_extreme(spec, mon.is_max, c, sl, flat[nc + ns :], many)
-
-        t = jax.jvp(ties, live_p, live_t)[1]
-        where = many.reshape((-1,) + (1,) * (t.ndim - 1))
-        per_output[0] = jnp.where(where, t.astype(per_output[0].dtype), per_output[0])
+    if many is not None:
+        streamed = _restricted(fold, many)._tangents(
+            (arrays, (*consts, many), slots, rows),
+            outs,
+            (tangents_in[0], (*tangents_in[1], _zero_like(many)), *tangents_in[2:]),
+        )[0]
+        for o, (t, s) in enumerate(zip(per_output, streamed, strict=False)):
+            if t is not None:
+                where = many.reshape((-1,) + (1,) * (t.ndim - 1))
+                per_output[o] = jnp.where(where, s.astype(t.dtype), t)
     return tuple(per_output)
-
-
-def tied_extreme(spec, is_max, consts, slots, rows, which):
-    """``(S, *F)``: for the slots where ``which`` holds, the extreme of their values over every
-    row of ``y`` (pairs the mask drops left out) as the mean of the values that attain it, else
-    0: its derivative splits the extreme's between its ties, as ``jnp.max``'s does.
-
-    A slot's values are computed at once, one slot at a time (``(n, *F)`` live; the other
-    slots skipped), and the ties are found among those very values: never by comparing a
-    value recomputed here with an extreme computed by another program, which XLA may round
-    one unit apart (on jax 0.12.1 it does), dropping every tie's share. Rematerialized in
-    reverse mode: no slot's values are kept."""
-    n = spec.plan.n
-    cols = jnp.arange(n, dtype=jnp.int32)
-
-    def one(args):
-        slot, i, go = args
-
-        def split():
-            keep = jnp.ones((1, n), jnp.bool_)
-            if spec.pair_mask is not None:
-                keep = jnp.broadcast_to(spec.pair_mask(consts, i[None, None], cols[None]), (1, n))
-            v = spec.body(consts, tuple(a[None] for a in slot), tuple(rows), keep, cols)[0][0]
-            keep = keep[0].reshape((n,) + (1,) * (v.ndim - 1))
-            w = jnp.where(keep, v, jnp.asarray(identity(is_max, v.dtype), v.dtype))
-            best = jnp.max(w, axis=0) if is_max else jnp.min(w, axis=0)
-            hit = (w == best[None]) & keep
-            count = jnp.maximum(jnp.sum(hit, axis=0), 1).astype(v.dtype)
-            return jnp.sum(jnp.where(hit, v, jnp.zeros((), v.dtype)), axis=0) / count
-
-        shape = jax.eval_shape(split)
-        return lax.cond(go, split, lambda: jnp.zeros(shape.shape, shape.dtype))
-
-    slot_ids = jnp.arange(which.shape[0], dtype=jnp.int32)
-    return lax.map(jax.checkpoint(one), (slots, slot_ids, which))
 
 
 def rule(fold, primals, outs, tangents_in):
@@ -170,3 +132,31 @@ def _batched(bfold, primals, outs, tangents_in):
 
     outs_d = jax.tree.map(lambda _: 0, outs)
     return jax.vmap(one, in_axes=(bfold.dims, outs_d, live_d), out_axes=0)(primals, outs, live_t)
+
+
+def _zero_like(a):
+    return Zero(_aval(a).to_tangent_aval())
+
+
+def _restricted(fold, rows):
+    """``fold`` (unbatched) with its pairs restricted to the slots where ``rows`` holds, an
+    extra const after the fold's own (a derived fold's tangents follow it); the blocks of
+    other slots are skipped."""
+    spec = fold.spec
+    at = len(fold.in_avals[1])
+    mask, live = spec.pair_mask, spec.block_live
+
+    def pair_mask(consts, i, j):
+        keep = consts[at][i]
+        return keep if mask is None else keep & mask(consts, i, j)
+
+    def block_live(consts, i0, j0, bi, bj):
+        some = jnp.any(jax.lax.dynamic_slice_in_dim(consts[at], i0, bi))
+        live_j = jnp.ones(j0.shape, jnp.bool_) if live is None else live(consts, i0, j0, bi, bj)
+        return some & live_j
+
+    # a parent mask without a block test: the engine lists the blocks from every pair
+    listed = None if mask is not None and live is None else block_live
+    arrays, consts, slots, rows_avals = fold.in_avals
+    avals = (arrays, (*consts, _aval(rows)), slots, rows_avals)
+    return type(fold)(spec.replace(pair_mask=pair_mask, block_live=listed), avals)

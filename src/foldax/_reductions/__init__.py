@@ -32,8 +32,8 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
   ``picks(info)`` the ``(S, P)`` indices of the rows whose values each slot's outputs are,
   ``picked_tangent(info, dv)`` the outputs' tangents from the values' tangents ``(S, P, *F)`` at
   those pairs, and ``streamed_rows(info)`` the slots (``(S,)`` bool, or ``None``) that the
-  picks do not settle (their ties found among each slot's values computed at once): a dense
-  fold's tangents are then taken at the picks alone (:mod:`foldax._engine._picks`).
+  picks do not settle: a dense fold's tangents are then taken at the picks alone
+  (:mod:`foldax._engine._picks`).
 
 A new reduction is a new monoid; the engine in :mod:`foldax._engine` never changes.
 """

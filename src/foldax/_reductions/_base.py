@@ -218,7 +218,9 @@ def instantiate(dv, v):
     (symbolic zeros, :meth:`Monoid.tangent`): for a monoid whose tangent only weighs them
     elementwise, where a zero costs nothing but a multiply."""
     return jax.tree.map(
-        lambda d, a: jnp.zeros(a.shape, a.dtype) if d is None else d, dv, v,
+        lambda d, a: jnp.zeros(a.shape, a.dtype) if d is None else d,
+        dv,
+        v,
         is_leaf=lambda d: d is None,
     )
 
