@@ -156,9 +156,10 @@ class Monoid:
     def tangent(self, v, dv, mask, info, *index):
         """Tangents of the outputs from one tile (``dv``: the values' tangents, like ``v``; for
         a value of several arrays, a leaf that does not vary is ``None``, a symbolic zero, and
-        a value none of whose leaves varies has no tangent: this is not called). The default holds for reductions whose result
-        depends on each value elementwise (sum, mean, extrema, log-sum-exp): the Jacobian is the
-        cotangent of a unit output, ``row_cotangent(.., g=1)``, times ``dv``."""
+        a value none of whose leaves varies has no tangent: this is not called). The default
+        holds for reductions whose result depends on each value elementwise (sum, mean,
+        extrema, log-sum-exp): the Jacobian is the cotangent of a unit output,
+        ``row_cotangent(.., g=1)``, times ``dv``."""
         ones = jnp.ones(dv.shape[:1] + dv.shape[2:], dv.dtype)
         w = self.row_cotangent(v, mask, info, (ones,) + (None,) * (self.n_outputs - 1), *index)
         return (jnp.sum(w * dv, axis=1),) + (None,) * (self.n_outputs - 1)
