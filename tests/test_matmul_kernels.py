@@ -224,6 +224,57 @@ def test_picked_derivatives_split_ties_like_jnp(rng, copies):
         assert_allclose(t, want, dtype=F64)
 
 
+def _cancelling(a, b):
+    """A squared distance that cancels (``a.a + b.b - 2 a.b``): recomputed in another program
+    it may land tens of units in the last place from the forward pass's value."""
+    return jnp.dot(a, a) + jnp.dot(b, b) - 2 * jnp.dot(a, b)
+
+
+@pytest.mark.parametrize("reduction", ["min", "max"])
+def test_three_ties_of_a_cancelling_kernel(rng, reduction):
+    """Gradient and jvp where each row of ``y`` is present three times and the kernel cancels,
+    pairwise (blocks that split the copies) and per segment (``fn=``), called twice each: the
+    ties are told apart from the rest by the forward pass's runner-up, not by recomputing
+    their value bitwise."""
+    pick = getattr(jnp, reduction)
+    with jax.enable_x64(True):
+        x, y0 = rng.normal(size=(70, 3)), rng.normal(size=(30, 3))
+        y = np.concatenate([y0] * 3)
+
+        def ours(x, y):
+            d = foldax.pairwise_reduce(_cancelling, x, y, reduction=reduction, block_size=(16, 24))
+            return jnp.sum(jnp.sin(d))
+
+        def dense(x, y):
+            d = jax.vmap(lambda a: jax.vmap(lambda b: _cancelling(a, b))(y))(x)
+            return jnp.sum(jnp.sin(pick(d, 1)))
+
+        for _ in range(2):
+            for got, want in zip(
+                jax.grad(ours, (0, 1))(x, y), jax.grad(dense, (0, 1))(x, y), strict=True
+            ):
+                assert_allclose(got, want, dtype=F64)
+            t = jax.jvp(ours, (x, y), (x, y))[1]
+            assert_allclose(t, jax.jvp(dense, (x, y), (x, y))[1], dtype=F64)
+
+        sizes = [30, 60]  # the rows of y, each three times, in two segments
+        rows = np.concatenate([y0[:10]] * 3 + [y0[10:]] * 3)
+        seg = getattr(foldax, f"segment_{reduction}")
+
+        def ours_seg(p):
+            return seg(rows, sizes=sizes, fn=lambda r: jax.vmap(lambda b: _cancelling(p, b))(r))
+
+        def dense_seg(p):
+            d = jax.vmap(lambda b: _cancelling(p, b))(rows)
+            return jnp.stack([pick(d[:30]), pick(d[30:])])
+
+        p, dp = x[0], x[1]
+        for _ in range(2):
+            assert_allclose(jax.jacrev(ours_seg)(p), jax.jacrev(dense_seg)(p), dtype=F64)
+            t = jax.jvp(ours_seg, (p,), (dp,))[1]
+            assert_allclose(t, jax.jvp(dense_seg, (p,), (dp,))[1], dtype=F64)
+
+
 def test_kmin_derivatives_at_its_indices_second_order(rng):
     """k-min's values differentiate at their own pairs, to second order, under ``vmap``."""
     with jax.enable_x64(True):

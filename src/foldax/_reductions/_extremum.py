@@ -119,27 +119,40 @@ class _Extremum(Monoid):
 
 
 class _ExtremumAndIndex(_Extremum):
-    """Max or min with its count and, where one or two values attain it, their indices (the
-    lower first; :data:`NO_INDEX` otherwise): the state a differentiated max / min is folded
-    with (:attr:`Monoid.for_derivatives`); its max and count are the plain fold's.
+    """Max or min with its count, where one or two values attain it their indices (the lower
+    first; :data:`NO_INDEX` otherwise), and the runner-up (the best value strictly worse than
+    the extreme; the identity where there is none): the state a differentiated max / min is
+    folded with (:attr:`Monoid.for_derivatives`); its max and count are the plain fold's.
 
     The derivative rules recompute each value in another program than the forward fold's, and
     XLA may round it differently there (another fusion, another vector lane, a fused
-    multiply-add): testing ``v == max`` against the recomputed values can miss the maximum and
-    drop its gradient. Where one value attains the extreme (the common case), or two (a
-    duplicated row), the rules find them by their indices instead, which no rounding moves;
-    more ties are split evenly among the values equal to the extreme, as ``jnp.max``'s
-    derivative does."""
+    multiply-add: one unit in the last place on jax 0.12.1, tens where the kernel cancels):
+    testing ``v == max`` against the recomputed values can miss the maximum and drop its
+    gradient. Where one value attains the extreme (the common case), or two (a duplicated
+    row), the rules find them by their indices, which no rounding moves; three or more ties
+    are the recomputed values nearer the extreme than halfway to the runner-up, split evenly,
+    as ``jnp.max``'s derivative does."""
 
     needs_index = True
-    n_outputs = 4
+    n_outputs = 5
 
     def __init__(self, is_max):
         super().__init__(("max" if is_max else "min") + "_for_derivatives", is_max)
 
     def init(self, num, fshape, dtype):
         none = jnp.full((num, *fshape), NO_INDEX, jnp.int32)
-        return (*super().init(num, fshape, dtype), none, none)
+        base = super().init(num, fshape, dtype)
+        return (*base, none, none, base[0])
+
+    def _runner_up(self, m, *candidates):
+        """The best of the states' runners-up and of their extremes that are not ``m``: the
+        best value strictly worse than the extreme ``m``."""
+        ident = jnp.asarray(self._identity(m.dtype), m.dtype)
+        out = None
+        for ext, up in candidates:
+            c = self._better(up, jnp.where(ext == m, ident, ext))
+            out = c if out is None else self._better(out, c)
+        return out
 
     def reduce(self, v, mask, index):
         # two passes: the extreme; the count of the values attaining it with the sum of
@@ -157,7 +170,10 @@ class _ExtremumAndIndex(_Extremum):
         two = rarely(jnp.any(c == 2), lambda: _first_column(hit), cols)
         first = jnp.where(c == 1, cols, jnp.where(c == 2, two, t))
         second = jnp.where(c == 2, cols - first, t)
-        return (m, c, _index_of(index, first, t), _index_of(index, second, t))
+        ident = jnp.asarray(self._identity(v.dtype), v.dtype)
+        rest = jnp.where(hit, ident, w)  # (w: masked cells are the identity already)
+        up = jnp.max(rest, axis=1) if self.is_max else jnp.min(rest, axis=1)
+        return (m, c, _index_of(index, first, t), _index_of(index, second, t), up)
 
     @staticmethod
     def _two_lowest(a, b):
@@ -170,20 +186,23 @@ class _ExtremumAndIndex(_Extremum):
     @staticmethod
     def _attaining(m, state):
         """A state's indices where its extreme is ``m``, else :data:`NO_INDEX`."""
-        return tuple(jnp.where(state[0] == m, x, NO_INDEX) for x in state[2:])
+        return tuple(jnp.where(state[0] == m, x, NO_INDEX) for x in state[2:4])
 
     def combine(self, a, b):
         # the indices are read only where the count is 1 or 2: then every index of a value
         # attaining the extreme is one of those the states hold
         m, c = super().combine(a[:2], b[:2])
-        return (m, c, *self._two_lowest(self._attaining(m, a), self._attaining(m, b)))
+        low = self._two_lowest(self._attaining(m, a), self._attaining(m, b))
+        return (m, c, *low, self._runner_up(m, (a[0], a[4]), (b[0], b[4])))
 
     def allreduce(self, state, axes):
         m, c = super().allreduce(state[:2], axes)
         first, second = self._attaining(m, state)
         low = lax.pmin(first, axes)
         # the second lowest of all: each device's lowest index other than the lowest of all
-        return (m, c, low, lax.pmin(jnp.where(first == low, second, first), axes))
+        second = lax.pmin(jnp.where(first == low, second, first), axes)
+        up = _p_extreme(self._runner_up(m, (state[0], state[4])), axes, self.is_max)
+        return (m, c, low, second, up)
 
     def scatter(self, carry, seg, st):
         # several tiles of a step may fold into one slot: the lowest index by a scatter-min,
@@ -196,13 +215,20 @@ class _ExtremumAndIndex(_Extremum):
         low_seg = _take(low, seg)
         other = [jnp.where(f == low_seg, s, f) for f, s in (old, new)]
         second = carry[3].at[seg].set(other[0], mode="drop").at[seg].min(other[1], mode="drop")
-        return (m, c, low, second)
+        mine = self._runner_up(m, (carry[0], carry[4]))  # every slot's, against its new m
+        theirs = self._runner_up(m_seg, (st[0], st[4]))
+        up = (
+            mine.at[seg].max(theirs, mode="drop")
+            if self.is_max
+            else mine.at[seg].min(theirs, mode="drop")
+        )
+        return (m, c, low, second, up)
 
     # The picks (see :mod:`foldax._engine._picks`): each element's first and second index;
     # the elements where three or more values tie are left to the streamed rules.
 
     def picks(self, info):
-        m, c, first, second = info
+        m, c, first, second = info[:4]
         s = m.shape[0]
         second = jnp.where(c == 2, second, first)
         return jnp.concatenate([first.reshape(s, -1), second.reshape(s, -1)], axis=1)
@@ -213,39 +239,40 @@ class _ExtremumAndIndex(_Extremum):
         c = c.reshape(m.shape[0], -1)
         zero = jnp.zeros((), d.dtype)
         t = jnp.where(c == 1, d[:, 0], jnp.where(c == 2, (d[:, 0] + d[:, 1]) / 2, zero))
-        return (t.reshape(m.shape), None, None, None)
+        return (t.reshape(m.shape), None, None, None, None)
+
+    def tangent(self, v, dv, mask, info, index):
+        t = super().tangent(v, dv, mask, info, index)
+        # the runner-up only tells ties apart (no derivative reads it): its tangent is zero
+        return (*t[:4], jnp.zeros_like(t[0]))
 
     def streamed_rows(self, info):
         c = info[1]
         return jnp.any((c > 2).reshape(c.shape[0], -1), axis=1)
 
     def row_cotangent(self, v, mask, info, g, index):
-        m, c, first, second = info
+        m, c, first, second, up = info
         cells = _expand(index if index.ndim == 2 else index[None, :], v.ndim)
         by_index = (cells == first[:, None]) | (cells == second[:, None])
-        hit = jnp.where(c[:, None] <= 2, by_index, _ties(v, m[:, None])) & _tile_mask(mask, v)
+        ties = _ties(v, m[:, None], up[:, None], self.is_max)
+        hit = jnp.where(c[:, None] <= 2, by_index, ties) & _tile_mask(mask, v)
         share = g[0] / jnp.maximum(c, 1).astype(g[0].dtype)
         ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(hit, ct, jnp.zeros((), ct.dtype))
 
 
-#: How far, in units of the last place of the extreme, a value recomputed by a derivative rule
-#: may land from the extreme the forward fold found and still be one of its ties. Both are the
-#: same float expression of the same inputs, compiled into other programs (another fusion,
-#: vector lane or fused multiply-add): jax 0.12.1 recomputes a squared distance one unit away.
-TIE_ULPS = 4
-
-
-def _ties(v, m):
-    """Which recomputed values ``v`` are ties of the extreme ``m`` (broadcast against ``v``):
-    equal, or for floats within :data:`TIE_ULPS` units of ``m``'s last place. The rule for
-    three or more ties (fewer are found by their indices), whose share ``1 / count`` is the
-    forward fold's count; values of a row this close but not tied are split with them."""
+def _ties(v, m, up, is_max):
+    """Which recomputed values ``v`` are ties of the extreme ``m`` that the forward fold found,
+    given its runner-up ``up`` (the best value strictly worse, the identity where there is
+    none), both broadcast against ``v``: those nearer ``m`` than halfway to ``up``. A value
+    recomputed in another program may land units in the last place away from its forward
+    twin (another fusion or fused multiply-add; tens of units where the kernel cancels, as
+    ``a.a + b.b - 2 a.b``): never as far as halfway to a value that is not a tie. The rule
+    for three or more ties (fewer are found by their indices)."""
     if not jnp.issubdtype(v.dtype, jnp.floating):
-        return v == m
-    m = m.astype(v.dtype)
-    near = jnp.abs(v - m) <= TIE_ULPS * jnp.finfo(v.dtype).eps * jnp.abs(m)
-    return (v == m) | near
+        return v == m  # (integers are recomputed exactly)
+    half = m / 2 + up / 2  # (no overflow; NaN for an infinite extreme: equality then)
+    return (v == m) | ((v > half) if is_max else (v < half))
 
 
 class Max(_Extremum):
