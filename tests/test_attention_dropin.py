@@ -192,7 +192,9 @@ def test_flax_options_it_cannot_honour_are_refused(rng):
         f(q, k, v, dropout_rate=0.1, dropout_rng=jax.random.split(jax.random.key(0)))
     with pytest.raises(ValueError, match=r"the attention weights, which are never formed"):
         f(q, k, v, module=object())
-    with pytest.raises(ValueError, match=r"implementation must be None, 'xla' or 'cudnn'"):
+    with pytest.raises(
+        ValueError, match=r"implementation must be None, 'xla', 'pallas' or 'cudnn'"
+    ):
         f(q, k, v, implementation="triton")
     with pytest.raises(ValueError, match=r"logits_soft_cap must be a positive number, got 0"):
         f(q, k, v, logits_soft_cap=0)

@@ -83,6 +83,13 @@ def depends_on(f, *args) -> list[bool]:
     return [any(_dce_jaxpr(jaxpr, [i == k for i in range(n)])[1]) for k in range(n)]
 
 
+def dce(jaxpr):
+    """``jaxpr`` without the equations its outputs do not need (every input kept)."""
+    if _dce_jaxpr is None:  # pragma: no cover - another JAX
+        return jaxpr
+    return _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
+
+
 def eval_jaxpr(jaxpr, consts, *args) -> list:
     """Run ``jaxpr`` with ``consts`` for its ``constvars``: a list of its outputs."""
     return jax.core.eval_jaxpr(jaxpr, list(consts), *args)
@@ -141,6 +148,7 @@ __all__ = [
     "ad",
     "batching",
     "compiled_here",
+    "dce",
     "depends_on",
     "eval_jaxpr",
     "is_jaxpr",

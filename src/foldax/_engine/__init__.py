@@ -9,6 +9,8 @@ import jax
 
 from ._budget import current_budget as current_budget
 from ._budget import memory_budget as memory_budget
+from ._implementation import current_implementation as current_implementation
+from ._implementation import implementation as implementation
 from ._plan import PlanSpec as PlanSpec
 from ._plan import static_tilings as static_tilings
 from ._primitive import Fold as Fold

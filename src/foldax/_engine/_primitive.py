@@ -41,9 +41,10 @@ import jax.numpy as jnp
 
 from .. import _shard
 from .._jax import Zero
+from .._kernels import tpu as tpu_kernels
 from . import _direct, _flat, _picks, _registration, _runs
 from ._derived import Shape, _fill, _jvp_body, _pick, _unflag, _vjp_body, widened_dtype
-from ._loop import _run, _typed_out_avals
+from ._loop import _finish, _run, _typed_out_avals
 from ._probe import plan_units, unit_bytes, whole_rows
 from ._registration import Primitive
 from ._spec import Spec, _aval, _is_float, _is_zero, _shaped, _zero_tangent
@@ -249,7 +250,7 @@ def _parts(flat, nz, nc, ns):
 
 #: The fields of a :class:`Spec` that hold callables (or, ``origin``, the rule of another
 #: trace): a fold's structure holds what they compute instead (:meth:`_Rules.structure`).
-_CALLABLES = frozenset({"body", "pair_mask", "block_live", "origin"})
+_CALLABLES = frozenset({"body", "pair_mask", "block_live", "origin", "lanes_body"})
 
 
 def _args(arrays, consts, slots, rows):
@@ -269,6 +270,10 @@ class Fold(_Rules):
     def expand(self, *args, platform=None):
         """The fold's implementation, lowered for ``platform`` (``"cpu"``, ...)."""
         spec, args = self.spec, jax.tree.map(jnp.asarray, args)
+        if self.kernel_serves(platform):
+            return tpu_kernels.lower(
+                spec, self.in_avals, self.out_aval, _finish_states(spec), args, platform=platform
+            )
         row_bytes = functools.partial(unit_bytes, spec, self.in_avals)
         if _direct.applies(spec.direct, spec, platform, row_bytes):
             if spec.direct == "whole":
@@ -277,6 +282,15 @@ class Fold(_Rules):
                 return _runs.lower(spec, self.out_aval, self._walk, *args)
             return _direct.lower(spec.direct, self.out_aval, spec.plan, *args)
         return self._walk(*args)
+
+    def kernel_serves(self, platform) -> bool:
+        """Whether an accelerator kernel (:mod:`foldax._kernels`) computes this fold."""
+        key = ("_kernel_serves", platform)
+        if key not in self.__dict__:
+            self.__dict__[key] = tpu_kernels.serves(
+                self.spec, self.in_avals, self.out_aval, platform, _finish_states(self.spec)
+            )
+        return self.__dict__[key]
 
     def _walk(self, *args):
         """The fold as the engine's loop walks it."""
@@ -337,6 +351,7 @@ class Fold(_Rules):
                 origin=origin,
                 direct=direct,
                 out_dtypes=narrow,
+                lanes_body=None,
             )
         )
 
@@ -429,7 +444,7 @@ class Batched(_Rules):
         if flat is not None:
             outs = flat.expand(*_flat.merge_args(args, self.dims, self.size), platform=platform)
             return (tuple(_flat.split(o, self.size) for o in outs[0]), (), ())
-        if _walks_alone(self.inner):
+        if _walks_alone(self.inner, platform):
             return _one_by_one(self.inner, self.size, self.dims, args, platform)
         inner = functools.partial(self.inner.scaled(self.size).expand, platform=platform)
         vmapped = jax.vmap(inner, in_axes=self.dims, out_axes=0, axis_size=self.size)
@@ -536,13 +551,15 @@ def _unmerge(ct, d):
 ALONE_STEPS = 64
 
 
-def _walks_alone(inner) -> bool:
+def _walks_alone(inner, platform) -> bool:
     """Whether a batch of ``inner`` folds runs as a loop over its elements, each with the whole
     budget, rather than as one fold of batched tiles: a dense fold whose every element already
     takes many full steps (then batching makes each tile smaller and slower, about 25% on
     XLA:CPU, and saves no step)."""
     spec = getattr(inner, "spec", None)
     if not isinstance(inner, Fold) or spec.plan.kind != "dense" or spec.axes or spec.ring:
+        return False
+    if inner.kernel_serves(platform):  # a kernel's batch is another axis of its grid
         return False
     if spec.direct is not None or whole_rows(spec, inner.in_avals):
         return False
@@ -570,3 +587,9 @@ def _freeze(dims):
 
 
 __all__ = ["Batched", "Fold"]
+
+
+def _finish_states(spec):
+    """``finish(state, row_aval)``: a monoid fold's outputs from its states, as the loop makes
+    them (for a kernel that folds the same states)."""
+    return functools.partial(_finish, spec)

@@ -126,6 +126,11 @@ mlir.register_lowering(
     mlir.lower_fun(functools.partial(_expand, platform="cpu"), multiple_results=True),
     platform="cpu",
 )
+mlir.register_lowering(
+    fold_p,
+    mlir.lower_fun(functools.partial(_expand, platform="tpu"), multiple_results=True),
+    platform="tpu",
+)
 ad.primitive_jvps[fold_p] = _jvp
 ad.primitive_transposes[fold_p] = _transpose
 batching.fancy_primitive_batchers[fold_p] = _batch

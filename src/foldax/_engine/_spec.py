@@ -46,7 +46,11 @@ class Spec:
     outputs are returned in, where the body's sums are wider (a cotangent fold sums
     half-precision cotangents in float32): each sum is narrowed once, when it is complete, so
     a walk that completes the row sums block by block never holds all of them wide (the tangent
-    folds of such a fold inherit it).
+    folds of such a fold inherit it). ``implementation``: the lowering asked for
+    (:mod:`._implementation`: ``None`` per platform, ``"xla"``, ``"pallas"``). ``lanes_body``
+    (dense plans walking the rows last): ``body`` taking the slots' arrays with their slots
+    last too, so that every intermediate of a tile is ``(*f, bi, bj)``: what an accelerator
+    kernel's vector registers want (derived folds have none).
     """
 
     plan: PlanSpec
@@ -65,6 +69,8 @@ class Spec:
     direct: str | None = None
     widen: bool = False
     out_dtypes: tuple | None = None
+    implementation: str | None = None
+    lanes_body: Callable | None = None
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)

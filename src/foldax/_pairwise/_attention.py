@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _eager
+from .. import _eager, _engine
 from ._options import _NAME, _check_options, _eager_options, _fail
 from ._reduce import reduce_pairs
 
@@ -462,8 +462,11 @@ def dot_product_attention(
       key_value_seq_lengths: optional ``(B,)`` ints: keys ``s >= length`` take no part.
       local_window_size: optional ``w`` or ``(left, right)``: keep ``t - left <= s <= t +
         right``. Static.
-      implementation: ``jax.nn``'s choice of backend, accepted (``None``, ``"xla"`` or
-        ``"cudnn"``) and not used: the fold is the same everywhere.
+      implementation: ``None`` (or ``"cudnn"``, accepted as ``jax.nn`` does and taken as
+        ``None``): the fastest for the platform, Pallas kernels on a TPU, the streamed XLA
+        fold elsewhere; ``"xla"``: the XLA fold everywhere; ``"pallas"``: the kernels (in
+        Pallas' interpret mode off a TPU: slow, for tests). A call the kernels cannot serve
+        takes the XLA fold.
       return_residual: also return the log-sum-exp of each query's kept logits (to combine
         partial results, as blockwise and ring attention do). Static.
       residual_gradient: differentiate through the log-sum-exp. By default it is a
@@ -549,14 +552,16 @@ def dot_product_attention(
         _example, call=call, h_ax=1 if layout == "BTNH" else 0, groups=n // kh,
         b_heads=b_heads, p_heads=p_heads,
     )  # fmt: skip
-    flat = lambda a: a.reshape((math.prod(batch), *a.shape[len(batch) :]))  # noqa: E731
-    args = (query, key, value) if len(batch) < 2 else tuple(map(flat, (query, key, value)))
-    args = (*map(jnp.asarray, args), q_len, kv_len, ids, bias, pairs, drop)
-    if not batch:
-        out = one(*args)
-    else:
-        out = jax.vmap(one, (0, 0, 0, ql_ax, kl_ax, id_ax, b_ax, p_ax, drop_ax))(*args)
-        out = jax.tree.map(lambda a: a.reshape((*batch, *a.shape[1:])), out)
+    chosen = implementation if implementation in ("xla", "pallas") else None
+    with _engine.implementation(chosen or _engine.current_implementation()):
+        flat = lambda a: a.reshape((math.prod(batch), *a.shape[len(batch) :]))  # noqa: E731
+        args = (query, key, value) if len(batch) < 2 else tuple(map(flat, (query, key, value)))
+        args = (*map(jnp.asarray, args), q_len, kv_len, ids, bias, pairs, drop)
+        if not batch:
+            out = one(*args)
+        else:
+            out = jax.vmap(one, (0, 0, 0, ql_ax, kl_ax, id_ax, b_ax, p_ax, drop_ax))(*args)
+            out = jax.tree.map(lambda a: a.reshape((*batch, *a.shape[1:])), out)
     if return_residual and not residual_gradient:
         out = (out[0], jax.lax.stop_gradient(out[1]))
     return out

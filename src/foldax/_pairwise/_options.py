@@ -42,10 +42,11 @@ def _check_options(dropout_rate, deterministic, module, implementation, cap):
             f"logits_soft_cap must be a positive number, got {given_cap!r}",
             "pass a finite cap > 0 or None",
         )
-    if implementation not in (None, "xla", "cudnn"):
+    if implementation not in (None, "xla", "pallas", "cudnn"):
         _fail(
-            f"implementation must be None, 'xla' or 'cudnn', got {implementation!r}",
-            "leave it out (the fold is the same on every backend)",
+            f"implementation must be None, 'xla', 'pallas' or 'cudnn', got {implementation!r}",
+            "leave it out (the fastest for the platform: the Pallas kernels on a TPU, the "
+            "streamed XLA fold elsewhere)",
         )
     if rate is None or not 0 <= rate < 1:
         _fail(

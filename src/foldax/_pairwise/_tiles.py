@@ -97,7 +97,9 @@ def _fold(
     :func:`_tile_fn` reduces with, which may be ``monoid``'s shared form); ``rows_first``:
     never walk ``y`` transposed (no copy of it)."""
     m, n = _num_rows(name, "x", x), _num_rows(name, "y", y)
-    tile, monoid, cols = _tile_fn(conv, consts, xi, yj, monoid, rows_first, mask is not None)
+    tile, monoid, cols, lanes_tile = _tile_fn(
+        conv, consts, xi, yj, monoid, rows_first, mask is not None
+    )
     x_leaves, x_tree = jax.tree.flatten(x)
     y_leaves, y_tree = jax.tree.flatten(y)
     nk = len(consts)
@@ -109,6 +111,10 @@ def _fold(
     def body(consts, slots, rows, mask, index):
         xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
         return tile(consts[:nk], xb, yb), (), ()
+
+    def lanes_body(consts, slots, rows, mask, index):
+        xb, yb = jax.tree.unflatten(x_tree, slots), jax.tree.unflatten(y_tree, rows)
+        return lanes_tile(consts[:nk], xb, yb), (), ()
 
     # a kernel that contracts is a matrix product per tile: tiles long both ways (unless the
     # monoid asks for its own, as the k smallest do; smaller where a mask skips more of their
@@ -134,6 +140,8 @@ def _fold(
         pair_mask=pair_mask,
         block_live=block_live,
         widen=widen,
+        implementation=_engine.current_implementation(),
+        lanes_body=None if lanes_tile is None else lanes_body,
     )
     # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
     rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves
@@ -142,8 +150,11 @@ def _fold(
 
 
 def _tile_fn(conv, consts, xi, yj, monoid, rows_first=False, pair_masked=False):
-    """``(tile, monoid, cols)``: ``tile(consts, xb, yb)`` the kernel values ``(bi, bj, *F)`` of a
-    block of ``x`` (rows first) and one of ``y`` (rows last if ``cols``, else first).
+    """``(tile, monoid, cols, lanes_tile)``: ``tile(consts, xb, yb)`` the kernel values
+    ``(bi, bj, *F)`` of a block of ``x`` (rows first) and one of ``y`` (rows last if ``cols``,
+    else first); ``lanes_tile`` (with ``cols``): the same of a block of ``x`` with its rows
+    last too, every intermediate ``(*f, bi, bj)`` (an accelerator's vector registers are its
+    last two axes), else ``None``.
 
     ``y`` holds its rows along the *last* axis (``(*f, bj)``), so the kernel's feature axes (e.g.
     ``D`` of a distance) are outer and ``j`` is the innermost, contiguous axis of every
@@ -179,14 +190,24 @@ def _tile_fn(conv, consts, xi, yj, monoid, rows_first=False, pair_masked=False):
         ys = jax.tree.map(lambda a: jnp.broadcast_to(a[None], (bi, *a.shape)), yb)
         return jax.vmap(jax.vmap(fn, (-1, -1)), (0, 0))(xs, ys)
 
+    def lanes_pairs(c, xb, yb):
+        fn = lambda a, b: pair(a, b, *c)  # noqa: E731
+        bi, bj = jax.tree.leaves(xb)[0].shape[-1], jax.tree.leaves(yb)[0].shape[-1]
+        xs = jax.tree.map(lambda a: jnp.broadcast_to(a[..., None], (*a.shape, bj)), xb)
+        ys = jax.tree.map(lambda a: jnp.broadcast_to(a[..., None, :], (*a.shape[:-1], bi, bj)), yb)
+        return jax.vmap(jax.vmap(fn, (-1, -1)), (-2, -2))(xs, ys)
+
+    def with_values(pairs):
+        def tile(c, xb, yb):
+            values = jax.vmap(lambda b: parts.values(b, *c), 0 if contracts else -1)(yb)
+            return pairs(c, xb, yb), values
+
+        return tile
+
+    lanes = None if contracts else lanes_pairs
     if parts is None:
-        return pairs, monoid, not contracts
-
-    def tile(c, xb, yb):
-        values = jax.vmap(lambda b: parts.values(b, *c), 0 if contracts else -1)(yb)
-        return pairs(c, xb, yb), values
-
-    return tile, shared, not contracts
+        return pairs, monoid, not contracts, lanes
+    return with_values(pairs), shared, not contracts, lanes and with_values(lanes)
 
 
 def _local(

@@ -99,6 +99,10 @@ class Monoid:
     name: str = "monoid"
     #: kinds of value dtype this reduction accepts: "number" (int/float/complex), "real", "float".
     accepts: str = "number"
+    #: whether an accelerator kernel folds tiles with this monoid's own ``reduce`` / ``combine``
+    #: / ``outputs`` (their code is elementwise work and reductions along a tile's columns, which
+    #: Mosaic lowers; :mod:`foldax._kernels.tpu`)
+    pallas = False
 
     def combine(self, a, b):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -135,6 +139,13 @@ class Monoid:
         rest = jax.tree.map(lambda a: a[1:], gathered)
         out, _ = lax.scan(lambda acc, st: (self.combine(acc, st), None), first, rest)
         return out
+
+    def reduce_columns(self, v, mask, cols, *index):
+        """``reduce(v, mask)`` for a tile whose ``mask`` (``(bi, bj)``) says only which of its
+        columns are real rows of ``y``, as ``cols`` (``(bj, 1)`` bool) says too: a monoid whose
+        reduction masks values of the columns (not of the pairs) reads ``cols`` instead of
+        reducing ``mask`` down its columns (what an accelerator kernel's tile takes)."""
+        return self.reduce(v, mask, *index)
 
     #: A monoid whose outputs begin with this one's and say more, that a fold being
     #: differentiated is computed with so that its derivative rules can read the rest (where a

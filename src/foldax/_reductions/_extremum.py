@@ -40,6 +40,8 @@ def _tile_extreme(v, mask, is_max):
 class _Extremum(Monoid):
     """Max or min, with the number of rows attaining it (so the gradient splits ties evenly)."""
 
+    pallas = True
+
     is_max: bool = True
 
     def __init__(self, name, is_max):

@@ -37,6 +37,8 @@ class LogSumExp(Monoid):
     so they carry no tangent of their own (zero) and take no cotangent.
     """
 
+    pallas = True
+
     mean: bool = False
 
     def __init__(self, mean=False):

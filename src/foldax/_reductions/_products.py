@@ -23,7 +23,7 @@ def rarely(pred, fn, like):
     return lax.while_loop(lambda c: c[0], body, (pred, zeros))[1]
 
 
-def masked_products(w, mask, values, dtype, pair_masked, differentiable=False):
+def masked_products(w, mask, values, dtype, pair_masked, differentiable=False, cols=None):
     """``sum_j [mask_ij] w_ij * values_j`` ``(bi, *F)`` in ``dtype``: one matrix product.
 
     A product's zeros are not a masked pair's: ``0 * inf`` is NaN. Without a pair mask
@@ -32,13 +32,18 @@ def masked_products(w, mask, values, dtype, pair_masked, differentiable=False):
     what the pairs kept give. With one, the values that are not finite (rare) are left out of
     the product and their kept terms added one by one: in a loop that runs only when a tile
     holds such a value, or (``differentiable``, for derivative rules, which JAX differentiates
-    again) in a ``cond``.
+    again) in a ``cond``. ``cols`` (``(bj, 1)`` bool, without a pair mask): the columns that
+    are real rows of ``y``, which then are the only ones ``mask`` removes (every row is real).
     """
     bi, bj = w.shape
     operand = promote(w.dtype, values.dtype)
     flat = values.reshape(bj, -1).astype(operand)
     wm = jnp.where(mask, w.astype(operand), jnp.zeros((), operand))
     zero = jnp.zeros((), operand)
+    if cols is not None:
+        return jnp.matmul(wm, jnp.where(cols, flat, zero), preferred_element_type=dtype).reshape(
+            (bi, *values.shape[1:])
+        )
     if not pair_masked or not jnp.issubdtype(operand, jnp.inexact):
         cols, rows = jnp.any(mask, axis=0), jnp.any(mask, axis=1)
         out = jnp.matmul(wm, jnp.where(cols[:, None], flat, zero), preferred_element_type=dtype)
@@ -100,6 +105,16 @@ class SumOfProducts(Sum):
         w, val = v
         dtype = self._dtype(w.dtype, val.dtype)
         return (masked_products(w, mask, val, dtype, self.pair_masked),)
+
+    def reduce_columns(self, v, mask, cols):
+        if self.pair_masked:
+            return self.reduce(v, mask)
+        w, val = v
+        return (masked_products(w, mask, val, self._dtype(w.dtype, val.dtype), False, cols=cols),)
+
+    @property
+    def pallas(self):  # a pair mask's non-finite values take a loop of their own
+        return not self.pair_masked
 
     def row_cotangent(self, v, mask, info, g):
         w, val = v

@@ -22,6 +22,8 @@ class SoftmaxSum(Monoid):
     the state's). The result is in the state's dtype (:func:`pairwise` casts it to the values').
     """
 
+    pallas = True
+
     shared: bool = False
 
     def __init__(self, shared=False):

@@ -12,6 +12,8 @@ class Sum(Monoid):
     """State: the sum, in float32 for half-precision values (the engine casts the result back to
     the values' dtype)."""
 
+    pallas = True
+
     def __init__(self):
         super().__init__("sum", "number")
 

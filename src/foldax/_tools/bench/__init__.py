@@ -47,6 +47,7 @@ from ._texts import NOISE_NOTE as NOISE_NOTE
 from ._texts import NOTES as NOTES
 from ._texts import QUICK_NOTE as QUICK_NOTE
 from ._texts import TITLES as TITLES
+from ._tpu import TPU_FILE as TPU_FILE
 from ._versions import VERSIONS_FILE as VERSIONS_FILE
 from ._versions import compare as compare
 from ._versions import moved as moved

@@ -16,6 +16,7 @@ from ._config import (
     machine_line,
 )
 from ._texts import NOISE_NOTE, NOTES, QUICK_NOTE, TITLES
+from ._tpu import tpu_section
 from ._versions import versions_section
 
 
@@ -407,9 +408,10 @@ def _merged_note(results: dict) -> str:
     )
 
 
-def render_markdown(results: dict, versions: dict | None = None) -> str:
+def render_markdown(results: dict, versions: dict | None = None, tpu: dict | None = None) -> str:
     """BENCHMARKS.md: every workload of ``results``, then, given a ``jax-versions.json``
-    (:mod:`._versions`), the headline workloads on the oldest and the newest JAX."""
+    (:mod:`._versions`), the headline workloads on the oldest and the newest JAX, and given a
+    ``tpu.json`` (:mod:`._tpu`), the run on a TPU."""
     lines = [
         "# Benchmarks",
         "",
@@ -439,6 +441,8 @@ def render_markdown(results: dict, versions: dict | None = None) -> str:
         lines += ["## Plots", ""] + [f"![{p}]({PLOT_DIR}/{p})" for p in results["plots"]] + [""]
     if versions is not None:
         lines += versions_section(versions)
+    if tpu is not None:
+        lines += ["", *tpu_section(tpu)] if lines[-1] else tpu_section(tpu)
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ from ._packed import bench_packed
 from ._plots import plots
 from ._progress import Progress
 from ._render import TITLES, noise_summary, render_markdown, render_readme_block, terminal_table
+from ._tpu import TPU_FILE
 from ._versions import VERSIONS_FILE
 
 
@@ -215,14 +216,20 @@ def write(results: dict, out: str) -> None:
     )
 
 
+def _kept(out: str, name: str) -> dict | None:
+    """A JSON kept beside ``results.json`` (``None`` where there is none)."""
+    path = os.path.join(out, PLOT_DIR, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def _write_text(results: dict, out: str) -> None:
-    versions = os.path.join(out, PLOT_DIR, VERSIONS_FILE)
-    pair = None
-    if os.path.exists(versions):  # the headline workloads on two JAX versions, kept beside
-        with open(versions) as f:
-            pair = json.load(f)
+    # the headline workloads on two JAX versions, and a run on a TPU, are kept beside
+    pair, tpu = _kept(out, VERSIONS_FILE), _kept(out, TPU_FILE)
     with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
-        f.write(render_markdown(results, pair))
+        f.write(render_markdown(results, pair, tpu))
     readme = os.path.join(out, "README.md")
     if os.path.exists(readme):
         with open(readme) as f:

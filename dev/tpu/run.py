@@ -1,0 +1,341 @@
+# ruff: noqa: B023
+"""On a TPU: the Pallas contracting fold against the XLA fold (values) and against what a TPU
+user calls instead (time, temp). One process; writes ``$OUT/tpu.json`` and prints a table.
+
+    PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/run.py [quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import foldax
+from foldax import _engine
+
+QUICK = "quick" in sys.argv
+OUT = os.environ.get("OUT", "/tmp")
+results = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "rows": []}
+try:
+    from importlib import metadata
+
+    results["libtpu"] = next(
+        f"{d.metadata['Name']} {d.version}"
+        for d in metadata.distributions()
+        if d.metadata["Name"].lower().startswith("libtpu")
+    )
+except StopIteration:
+    results["libtpu"] = "unknown"
+
+
+def temp_bytes(f, *args):
+    try:
+        m = jax.jit(f).lower(*args).compile().memory_analysis()
+        return int(m.temp_size_in_bytes)
+    except Exception:
+        return -1
+
+
+def timed(f, *args, reps=7):
+    g = jax.jit(f)
+    t0 = time.perf_counter()
+    jax.block_until_ready(g(*args))
+    first = time.perf_counter() - t0
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(g(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)), first
+
+
+def row(name, ways, args):
+    """Time each way in turns (median of 7 after warm-up), its temp; print one line."""
+    out = {"name": name}
+    for way, f in ways.items():
+        try:
+            med, first = timed(f, *args)
+            out[way] = {"ms": med * 1e3, "first_s": first, "temp_mib": temp_bytes(f, *args) / 2**20}
+        except Exception as e:
+            out[way] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
+    results["rows"].append(out)
+    line = " | ".join(
+        f"{w}: {v['ms']:.2f} ms (1st {v['first_s']:.1f} s, temp {v['temp_mib']:.1f} MiB)"
+        if "ms" in v
+        else f"{w}: {v['error'][:300]}"
+        for w, v in out.items()
+        if w != "name"
+    )
+    print(f"{name}: {line}", flush=True)
+    save()
+
+
+def save():
+    with open(os.path.join(OUT, "tpu.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+
+
+def with_impl(impl, f):
+    def g(*a):
+        with _engine.implementation(impl):
+            return f(*a)
+
+    return g
+
+
+def check(name, f, args, tol):
+    """The kernel's values against the XLA fold's, at highest matmul precision."""
+    try:
+        with jax.default_matmul_precision("highest"):
+            a = jax.jit(with_impl(None, f))(*args)
+            b = jax.jit(with_impl("xla", f))(*args)
+        errs = [
+            float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+        ]
+        finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(a))
+        ok = finite and all(e <= tol for e in errs)
+        results.setdefault("checks", []).append({"name": name, "errs": errs, "ok": ok})
+        print(f"check {name}: {'ok' if ok else 'BAD'} {errs}", flush=True)
+    except Exception:
+        msg = traceback.format_exc()[-3000:]
+        results.setdefault("checks", []).append({"name": name, "error": msg})
+        print(f"check {name}: ERROR {msg}", flush=True)
+    save()
+
+
+r = np.random.default_rng(0)
+
+
+def normal(shape, dtype=jnp.float32, scale=1.0):
+    return jnp.asarray(r.standard_normal(shape) * scale, dtype)
+
+
+def checks():
+    x, y = normal((1000, 16)), normal((1300, 16))
+    v = normal((1300, 8))
+    soft = lambda a, b: (jnp.dot(a, b[0]), b[1])  # noqa: E731
+    check(
+        "softmax",
+        lambda x, y, v: foldax.pairwise_reduce(soft, x, (y, v), reduction="softmax"),
+        (x, y, v),
+        1e-5,
+    )
+    dot = lambda a, b: jnp.dot(a, b)  # noqa: E731
+    check(
+        "logsumexp",
+        lambda x, y: foldax.pairwise_reduce(dot, x, y, reduction="logsumexp"),
+        (x, y),
+        1e-4,
+    )
+    x3, y3 = normal((1000, 3)), normal((1300, 3))
+    gauss = lambda a, b: jnp.exp(-jnp.sum((a - b[0]) ** 2)) * b[1]  # noqa: E731
+    check(
+        "gauss_sum",
+        lambda x, y, v: foldax.pairwise_reduce(gauss, x, (y, v), reduction="sum"),
+        (x3, y3, v),
+        1e-4,
+    )
+    sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+    for red in ("min", "max", "argmin", "min_argmin"):
+        check(
+            red,
+            lambda x, y, red=red: foldax.pairwise_reduce(sq, x, y, reduction=red),
+            (x3, y3),
+            1e-5,
+        )
+    q = normal((2, 1000, 4, 128), jnp.bfloat16)
+    for causal in (False, True):
+        check(
+            f"attention causal={causal}",
+            lambda q, c=causal: foldax.dot_product_attention(q, q, q, is_causal=c),
+            (q,),
+            2e-2,
+        )
+    ids = jnp.asarray(np.sort(r.integers(0, 5, (2, 1000))), jnp.int32)
+    for name, kw in (
+        ("window", dict(local_window_size=(200, 30))),
+        ("segment_ids", dict(segment_ids=ids)),
+    ):
+        check(
+            f"attention {name}",
+            lambda q, kw=kw: foldax.dot_product_attention(q, q, q, **kw),
+            (q,),
+            2e-2,
+        )
+    h, w = normal((1000, 256), jnp.bfloat16), normal((3000, 256), jnp.bfloat16, 0.06)
+    lab = jnp.asarray(r.integers(0, 3000, 1000), jnp.int32)
+    check("lce", lambda h, w, lab: foldax.linear_cross_entropy(h, w, lab), (h, w, lab), 1e-2)
+    sqsum = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.float32) ** 2)  # noqa: E731
+    grads = {
+        "softmax": (
+            lambda x, y, v: foldax.pairwise_reduce(soft, x, (y, v), reduction="softmax"),
+            (x, y, v),
+        ),
+        "logsumexp": (
+            lambda x, y: foldax.pairwise_reduce(dot, x, y, reduction="logsumexp"),
+            (x, y),
+        ),
+        "gauss_sum": (
+            lambda x, y, v: foldax.pairwise_reduce(gauss, x, (y, v), reduction="sum"),
+            (x3, y3, v),
+        ),
+        "min": (lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction="min"), (x3, y3)),
+        "attention causal": (lambda q: foldax.dot_product_attention(q, q, q, is_causal=True), (q,)),
+        "attention window": (
+            lambda q: foldax.dot_product_attention(q, q, q, local_window_size=(200, 30)),
+            (q,),
+        ),
+    }
+    for name, (f, args) in grads.items():
+        tol = 0.5 if args[0].dtype == jnp.bfloat16 else 1e-3
+        g = jax.grad(sqsum(f), tuple(range(len(args))))
+        check(f"grad {name}", g, args, tol)
+        jv = lambda *a, f=f: jax.jvp(sqsum(f), a, a)[1]  # noqa: E731
+        check(f"jvp {name}", jv, args, tol * 10)
+    check(
+        "grad lce",
+        jax.grad(lambda h, w, lab: foldax.linear_cross_entropy(h, w, lab), (0, 1)),
+        (h, w, lab),
+        1e-2,
+    )
+    check(
+        "attention grad",
+        jax.grad(lambda q: jnp.sum(foldax.dot_product_attention(q, q, q).astype(jnp.float32))),
+        (q,),
+        0.5,
+    )
+
+
+def splash(t, causal, h):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    one = sm.CausalMask((t, t)) if causal else sm.FullMask((t, t))
+    b = min(512, t)
+    sizes = sk.BlockSizes(
+        block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b, block_kv_dkv=b,
+        block_kv_dkv_compute=b, use_fused_bwd_kernel=True,
+    )  # fmt: skip
+    kernel = sk.make_splash_mha_single_device(sm.MultiHeadMask([one] * h), block_sizes=sizes)
+    return lambda q, k, v: kernel(q * (1.0 / np.sqrt(q.shape[-1])), k, v)  # (H, T, D)
+
+
+def attention_rows():
+    h, d = 16, 128
+    for t in (4096,) if QUICK else (4096, 16384):
+        q, k, v = (normal((h, t, d), jnp.bfloat16) for _ in range(3))
+        for causal in (False, True):
+            sp = splash(t, causal, h)
+            ours = lambda q, k, v, c=causal: foldax.dot_product_attention(  # noqa: E731
+                q[None].transpose(0, 2, 1, 3), k[None].transpose(0, 2, 1, 3),
+                v[None].transpose(0, 2, 1, 3), is_causal=c,
+            )  # fmt: skip
+            nn = lambda q, k, v, c=causal: jax.nn.dot_product_attention(  # noqa: E731
+                q[None].transpose(0, 2, 1, 3), k[None].transpose(0, 2, 1, 3),
+                v[None].transpose(0, 2, 1, 3), is_causal=c, implementation="xla",
+            )  # fmt: skip
+            ways = {"foldax": ours, "foldax_xla": with_impl("xla", ours), "splash": sp}
+            if t <= 4096:
+                ways["jax.nn"] = nn
+            row(f"attention T={t} causal={causal} fwd", ways, (q, k, v))
+            loss = lambda f: jax.grad(  # noqa: E731
+                lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32)), (0, 1, 2)
+            )
+            row(
+                f"attention T={t} causal={causal} grad",
+                {w: loss(f) for w, f in ways.items()},
+                (q, k, v),
+            )
+
+
+def lce_rows():
+    t, d = 8192, 2048
+    for v in (65_536,) if QUICK else (65_536, 131_072):
+        h = normal((t, d), jnp.bfloat16)
+        w = normal((v, d), jnp.bfloat16, 1 / np.sqrt(d))
+        lab = jnp.asarray(r.integers(0, v, t), jnp.int32)
+
+        def plain(h, w, lab):
+            z = jnp.einsum("td,vd->tv", h, w, preferred_element_type=jnp.float32)
+            return jnp.mean(
+                jax.nn.logsumexp(z, -1) - jnp.take_along_axis(z, lab[:, None], -1)[:, 0]
+            )
+
+        ours = lambda h, w, lab: foldax.linear_cross_entropy(h, w, lab)  # noqa: E731
+        ways = {"foldax": ours, "foldax_xla": with_impl("xla", ours), "plain": plain}
+        row(f"lce T={t} D={d} V={v} fwd", ways, (h, w, lab))
+        vg = {k: jax.value_and_grad(f, (0, 1)) for k, f in ways.items()}
+        row(f"lce T={t} D={d} V={v} value_and_grad", vg, (h, w, lab))
+
+
+def kernel_sum_rows():
+    for n in (98_304,) if QUICK else (98_304, 1_048_576):
+        x = normal((n, 3), scale=0.3)
+        b = normal((n, 1))
+        gauss = lambda a, c: jnp.exp(-jnp.sum((a - c[0]) ** 2)) * c[1]  # noqa: E731
+        ours = lambda x, b: foldax.pairwise_reduce(gauss, x, (x, b), reduction="sum")  # noqa: E731
+
+        def lmap(x, b, block=1024):
+            def one(xb):
+                d = jnp.sum(xb**2, 1)[:, None] + jnp.sum(x**2, 1)[None] - 2 * xb @ x.T
+                return jnp.exp(-d) @ b
+
+            return jax.lax.map(one, x.reshape(-1, block, 3)).reshape(n, -1)
+
+        ways = {"foldax": ours, "lax.map": lmap}
+        if n < 500_000:  # the XLA fold takes ~11 s a call at 1M
+            ways["foldax_xla"] = with_impl("xla", ours)
+        row(f"gauss kernel sum N={n}", ways, (x, b))
+
+
+def sweep():
+    """The kernel's block sizes, on attention, the LM loss and a Gaussian kernel sum."""
+    from foldax._kernels.tpu import _contracting as kc
+
+    h, t, d = 16, 4096, 128
+    q, k, v = (normal((1, t, h, d), jnp.bfloat16) for _ in range(3))
+    hh = normal((8192, 2048), jnp.bfloat16)
+    w = normal((65_536, 2048), jnp.bfloat16, 1 / np.sqrt(2048))
+    lab = jnp.asarray(r.integers(0, 65_536, 8192), jnp.int32)
+    x = normal((98_304, 3), scale=0.3)
+    b = normal((98_304, 1))
+    gauss = lambda a, c: jnp.exp(-jnp.sum((a - c[0]) ** 2)) * c[1]  # noqa: E731
+    for rows, cols in ((512, 512), (1024, 512), (512, 1024), (1024, 1024), (256, 512), (2048, 512)):
+        kc.DEFAULT_BLOCKS = kc.BlockSizes(rows, cols)
+        ways = {
+            "attn": (lambda q, k, v: foldax.dot_product_attention(q, k, v), (q, k, v)),
+            "attn_causal": (
+                lambda q, k, v: foldax.dot_product_attention(q, k, v, is_causal=True),
+                (q, k, v),
+            ),
+            "lce": (lambda h, w, lab: foldax.linear_cross_entropy(h, w, lab), (hh, w, lab)),
+            "gauss": (
+                lambda x, b: foldax.pairwise_reduce(gauss, x, (x, b), reduction="sum"),
+                (x, b),
+            ),
+        }
+        for name, (f, args) in ways.items():
+            row(f"sweep {rows}x{cols} {name}", {"foldax": f}, args)
+    kc.DEFAULT_BLOCKS = kc.BlockSizes()
+
+
+if __name__ == "__main__":
+    if "sweep" in sys.argv:
+        sweep()
+    if "checks" in sys.argv:
+        checks()
+        sys.exit(0)
+    print(results["device"], jax.__version__, results["libtpu"], flush=True)
+    checks()
+    attention_rows()
+    lce_rows()
+    kernel_sum_rows()
+    save()

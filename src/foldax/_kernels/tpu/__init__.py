@@ -1,0 +1,29 @@
+"""Pallas kernels for the TPU, one per file, each with its block sizes and the rule saying
+which folds it serves (:func:`serves`): the dense fold (``_contracting``), a tile of pairs
+made from a block of ``x`` and a block of ``y`` (a matrix product on the MXU and the kernel's
+scalar function) reduced by the fold's monoid, or summed by a derived fold, in VMEM.
+
+Pallas is imported only when a fold may take a kernel (on a TPU, or when asked for)."""
+
+from __future__ import annotations
+
+
+def _wanted(spec, platform) -> bool:
+    impl = spec.implementation
+    return impl != "xla" and (platform == "tpu" or impl == "pallas")
+
+
+def serves(spec, in_avals, out_aval, platform, finish) -> bool:
+    """Whether a kernel computes the fold ``spec`` on ``platform`` (see ``_contracting``)."""
+    if not _wanted(spec, platform) or spec.plan.kind != "dense":
+        return False
+    from . import _contracting
+
+    return _contracting.serves(spec, in_avals, out_aval, platform, finish)
+
+
+def lower(spec, in_avals, out_aval, finish, args, *, platform):
+    """The fold's outputs, computed by the kernel that :func:`serves` it."""
+    from . import _contracting
+
+    return _contracting.lower(spec, in_avals, out_aval, finish, args, platform=platform)

@@ -1,0 +1,270 @@
+"""The Pallas TPU kernels of the dense fold, in Pallas' interpret mode on the CPU.
+
+``implementation="pallas"`` runs on a CPU the same kernels a TPU compiles (their grid, block
+tables, padding and accumulators; not Mosaic's code generation): each against the XLA fold
+and a float64 dense reference, with blocks of 128 so that every case spans several blocks
+both ways and ends in a partial one. Forward and reverse derivatives take kernels too (the
+tangent and cotangent folds). The same tests compiled on a TPU: ``FOLDAX_TPU=1 python -m
+pytest tests/test_tpu_kernels.py -p no:xdist`` there (``tpu`` marks them; off a TPU they skip).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_allclose, data_scale
+from jax.test_util import check_grads
+
+import foldax
+from foldax import _engine
+from foldax._kernels.tpu import _contracting
+
+ON_TPU = os.environ.get("FOLDAX_TPU") == "1"
+#: on a TPU its own compiled kernels; elsewhere interpreted
+IMPL = None if ON_TPU else "pallas"
+#: the widest floats the kernels take: float64 interpreted, float32 on a TPU
+WIDE = np.float32 if ON_TPU else np.float64
+M, N = 300, 700  # blocks of 128: three and six of them, the last ones partial
+
+if ON_TPU and jax.default_backend() != "tpu":  # pragma: no cover - a TPU run without one
+    pytest.skip("FOLDAX_TPU=1 asks for a TPU", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(_contracting, "DEFAULT_BLOCKS", _contracting.BlockSizes(128, 128))
+
+
+@pytest.fixture
+def lowered(monkeypatch):
+    """The number of folds a kernel computed while the test ran."""
+    from foldax._engine import _primitive
+
+    count = [0]
+    real = _primitive.tpu_kernels.lower
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_primitive.tpu_kernels, "lower", counted)
+    return count
+
+
+def kernel_and_xla(f, *args):
+    """``(f(*args) with the kernels, f(*args) with the XLA fold)``, each jitted (on a TPU
+    at the highest precision of products, XLA's being bfloat16 by default)."""
+    precision = "highest" if ON_TPU else None
+    with _engine.implementation(IMPL), jax.default_matmul_precision(precision):
+        ours = jax.jit(f)(*args)
+    with _engine.implementation("xla"), jax.default_matmul_precision(precision):
+        theirs = jax.jit(f)(*args)
+    return ours, theirs
+
+
+def wide():
+    """float64 where the kernels take it (interpreted)."""
+    return jax.enable_x64(not ON_TPU)
+
+
+def soft(a, b):
+    return jnp.dot(a, b[0]), b[1]
+
+
+def gauss(a, b):
+    return jnp.exp(-jnp.sum((a - b[0]) ** 2)) * b[1]
+
+
+def sqdist(a, b):
+    return jnp.sum((a - b) ** 2)
+
+
+def data(rng, dtype=np.float64, d=16, f=8):
+    x = rng.normal(size=(M, d)).astype(dtype)
+    y = rng.normal(size=(N, d)).astype(dtype)
+    v = rng.normal(size=(N, f)).astype(dtype)
+    return x, y, v
+
+
+def dense_softmax(x, y, v, mask=None):
+    z = x @ y.T
+    if mask is not None:
+        z = np.where(mask, z, -np.inf)
+    m = np.max(z, axis=1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(z - m)
+    s = p.sum(1, keepdims=True)
+    return np.where(s > 0, (p @ v) / np.where(s > 0, s, 1), 0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, WIDE])
+def test_softmax_with_values(rng, lowered, dtype):
+    x, y, v = data(rng, dtype)
+    f = lambda x, y, v: foldax.pairwise_reduce(soft, x, (y, v), reduction="softmax")  # noqa: E731
+    with jax.enable_x64(dtype == np.float64):
+        ours, theirs = kernel_and_xla(f, x, y, v)
+    assert lowered[0] == 1
+    want = dense_softmax(*(a.astype(np.float64) for a in (x, y, v)))
+    assert_allclose(ours, want, dtype=dtype)
+    assert_allclose(ours, theirs, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "reduction", ["logsumexp", "min", "max", "argmin", "argmax", "min_argmin", "max_argmax"]
+)
+def test_reductions_of_a_kernel(rng, lowered, reduction):
+    x, y, _ = data(rng, WIDE, d=3)
+    kernel = jnp.dot if reduction == "logsumexp" else sqdist
+    f = lambda x, y: foldax.pairwise_reduce(kernel, x, y, reduction=reduction)  # noqa: E731
+    with wide():
+        ours, theirs = kernel_and_xla(f, x, y)
+    # the index reductions take the XLA fold until their kernel is checked on a TPU
+    assert lowered[0] == (reduction in ("logsumexp", "min", "max"))
+    z = x @ y.T if reduction == "logsumexp" else ((x[:, None] - y[None]) ** 2).sum(-1)
+    want = {
+        "logsumexp": lambda: np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1),
+        "min": lambda: z.min(1),
+        "max": lambda: z.max(1),
+        "argmin": lambda: z.argmin(1),
+        "argmax": lambda: z.argmax(1),
+        "min_argmin": lambda: (z.min(1), z.argmin(1)),
+        "max_argmax": lambda: (z.max(1), z.argmax(1)),
+    }[reduction]()
+    for a, b, w in zip(*(jax.tree.leaves(t) for t in (ours, theirs, want)), strict=True):
+        if np.issubdtype(np.asarray(w).dtype, np.integer):
+            np.testing.assert_array_equal(a, w)
+        else:
+            assert_allclose(a, w, dtype=WIDE, scale=data_scale(z))
+        np.testing.assert_array_equal(a, b) if a.dtype.kind == "i" else None
+
+
+def test_kernel_sum_times_values(rng, lowered):
+    """An elementwise kernel (rows walked last) times values on ``y``: one product a tile."""
+    x, y, v = data(rng, WIDE, d=3, f=2)
+    f = lambda x, y, v: foldax.pairwise_reduce(gauss, x, (y, v), reduction="sum")  # noqa: E731
+    with wide():
+        ours, theirs = kernel_and_xla(f, x, y, v)
+    assert lowered[0] == 1
+    x, y, v = (a.astype(np.float64) for a in (x, y, v))
+    k = np.exp(-((x[:, None] - y[None]) ** 2).sum(-1))
+    scale = data_scale(k @ np.abs(v))  # a sum of terms that cancel
+    assert_allclose(ours, k @ v, dtype=WIDE, scale=scale)
+    assert_allclose(ours, theirs, dtype=WIDE, scale=scale)
+
+
+def test_non_finite_values_stay_where_they_are(rng):
+    """A value of ``y`` that is inf or NaN reaches its own rows' results only, as in the
+    dense sum; the padded columns (copies of the last row) add nothing."""
+    x, y, v = data(rng, WIDE, d=3, f=2)
+    v[-1, 0], v[5, 1] = np.inf, np.nan
+    f = lambda x, y, v: foldax.pairwise_reduce(gauss, x, (y, v), reduction="sum")  # noqa: E731
+    with wide():
+        ours, theirs = kernel_and_xla(f, x, y, v)
+    assert_allclose(ours, theirs, dtype=WIDE)
+
+
+@pytest.mark.parametrize("mask", ["causal", "window", "formula", "segment_ids", "lengths"])
+def test_attention_masks(rng, lowered, mask):
+    """Masks skip blocks through the kernel's table of live blocks: forward and gradient."""
+    q, k, v = (rng.normal(size=(2, M, 2, 16)).astype(np.float32) for _ in range(3))
+    ids = np.sort(rng.integers(0, 4, (2, M)), axis=1).astype(np.int32)
+    kw = {
+        "causal": dict(is_causal=True),
+        "window": dict(local_window_size=(40, 7)),
+        "formula": dict(mask=lambda t, s: (t // 64) >= (s // 64)),
+        "segment_ids": dict(segment_ids=ids),
+        "lengths": dict(key_value_seq_lengths=np.array([M - 77, 5], np.int32)),
+    }[mask]
+    f = lambda q, k, v: foldax.dot_product_attention(q, k, v, **kw)  # noqa: E731
+    loss = lambda q, k, v: jnp.sum(f(q, k, v) ** 2)  # noqa: E731
+    grad = jax.grad(loss, (0, 1, 2))
+    ours, theirs = kernel_and_xla(lambda *a: (f(*a), grad(*a)), q, k, v)
+    # masks that read arrays at the pairs' indices gather, which Mosaic cannot: on a TPU
+    # they take the XLA fold
+    served = not (ON_TPU and mask in ("segment_ids", "lengths"))
+    assert (lowered[0] >= 3) == served  # the forward fold and the gradient's two passes
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        assert np.all(np.isfinite(a))
+        assert_allclose(a, b, dtype=np.float32, scale=data_scale(b))
+
+
+@pytest.mark.skipif(ON_TPU, reason="finite differences want float64, which a TPU kernel lacks")
+def test_gradients_in_float64(rng):
+    """Reverse and forward mode of the kernels' folds, by finite differences."""
+    x, y, v = (a[:150] for a in data(rng, d=3, f=2))
+    with jax.enable_x64(True), _engine.implementation(IMPL):
+        for f in (
+            lambda x, y, v: foldax.pairwise_reduce(soft, x, (y, v), reduction="softmax"),
+            lambda x, y, v: foldax.pairwise_reduce(gauss, x, (y, v), reduction="sum"),
+        ):
+            check_grads(f, (x, y, v), order=1, modes=("fwd", "rev"), eps=1e-6, atol=1e-6)
+
+
+def test_linear_cross_entropy(rng, lowered):
+    h = rng.normal(size=(M, 32)).astype(np.float32)
+    w = (rng.normal(size=(N, 32)) / 6).astype(np.float32)
+    labels = rng.integers(0, N, M).astype(np.int32)
+    labels[::7] = -100  # ignored
+    f = lambda h, w: foldax.linear_cross_entropy(h, w, labels)  # noqa: E731
+    ours, theirs = kernel_and_xla(lambda h, w: jax.value_and_grad(f, (0, 1))(h, w), h, w)
+    assert lowered[0] == 2  # the loss, and its gradient's folds (two passes)
+    z = h.astype(np.float64) @ w.T
+    keep = labels != -100
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    want = np.mean((lse - z[np.arange(M), np.maximum(labels, 0)])[keep])
+    assert_allclose(ours[0], want, dtype=np.float32)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        assert_allclose(a, b, dtype=np.float32, scale=data_scale(b))
+
+
+def test_half_precision_under_highest_precision(rng, lowered):
+    """bfloat16 attention under ``jax.default_matmul_precision("highest")``: the kernels ask
+    Mosaic for products it compiles (half-precision operands at the default precision)."""
+    q = rng.normal(size=(1, M, 2, 16)).astype(jnp.bfloat16)
+    f = lambda q: foldax.dot_product_attention(q, q, q, is_causal=True)  # noqa: E731
+    with jax.default_matmul_precision("highest"):
+        ours, theirs = kernel_and_xla(f, q)
+    assert lowered[0] == 1
+    assert_allclose(ours, theirs, dtype=jnp.bfloat16)
+
+
+def test_vmapped_and_batched_heads(rng, lowered):
+    x, y, v = data(rng, np.float32)
+    xs = np.stack([x, 2 * x, -x])
+    f = lambda x: foldax.pairwise_reduce(soft, x, (y, v), reduction="softmax")  # noqa: E731
+    ours, theirs = kernel_and_xla(jax.vmap(f), xs)
+    assert lowered[0] == 1
+    assert_allclose(ours, theirs, dtype=np.float32)
+
+
+def test_attention_implementation_argument(rng, lowered):
+    q = rng.normal(size=(1, 200, 2, 16)).astype(np.float32)
+    out = foldax.dot_product_attention(q, q, q, implementation="xla")
+    assert lowered[0] == 0
+    if not ON_TPU:
+        assert_allclose(
+            foldax.dot_product_attention(q, q, q, implementation="pallas"), out, dtype=np.float32
+        )
+        assert lowered[0] == 1
+
+
+def test_what_no_kernel_serves_takes_the_loop(rng, lowered):
+    """A reduction no kernel folds (the k smallest) takes the XLA fold, and is right."""
+    x, y, _ = data(rng, d=3)
+    f = lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction="kmin", k=3)  # noqa: E731
+    ours, theirs = kernel_and_xla(f, x, y)
+    assert lowered[0] == 0
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_block_sizes_fit_the_vmem_budget():
+    b = _contracting.BlockSizes(1024, 1024).fit(10**6, 10**6, x_row=2 * 8192, y_row=2 * 8192)
+    assert _contracting._step_bytes(b.rows, b.cols, 2 * 8192, 2 * 8192) <= 48 * 2**20
+    assert b.rows % 128 == 0 and b.cols % 128 == 0
+    with pytest.raises(ValueError, match="multiple of 128"):
+        _contracting.BlockSizes(100, 128)
