@@ -551,7 +551,7 @@ def _unmerge(ct, d):
 ALONE_STEPS = 64
 
 
-def _walks_alone(inner, platform) -> bool:
+def _walks_alone(inner, platform=None) -> bool:
     """Whether a batch of ``inner`` folds runs as a loop over its elements, each with the whole
     budget, rather than as one fold of batched tiles: a dense fold whose every element already
     takes many full steps (then batching makes each tile smaller and slower, about 25% on
