@@ -183,10 +183,7 @@ def test_attention_masks(rng, lowered, mask):
     loss = lambda q, k, v: jnp.sum(f(q, k, v) ** 2)  # noqa: E731
     grad = jax.grad(loss, (0, 1, 2))
     ours, theirs = kernel_and_xla(lambda *a: (f(*a), grad(*a)), q, k, v)
-    # masks that read arrays at the pairs' indices gather, which Mosaic cannot: on a TPU
-    # they take the XLA fold
-    served = not (ON_TPU and mask in ("segment_ids", "lengths"))
-    assert (lowered[0] >= 3) == served  # the forward fold and the gradient's two passes
+    assert lowered[0] >= 3  # the forward fold and the gradient's two passes
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
         assert np.all(np.isfinite(a))
         assert_allclose(a, b, dtype=np.float32, scale=data_scale(b))
@@ -268,3 +265,30 @@ def test_block_sizes_fit_the_vmem_budget():
     assert b.rows % 128 == 0 and b.cols % 128 == 0
     with pytest.raises(ValueError, match="multiple of 128"):
         _contracting.BlockSizes(100, 128)
+
+
+@pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
+def test_lowered_for_a_tpu_kernels_or_the_loop():
+    """Lowered for a TPU (from this CPU: no TPU needed to lower), attention takes its kernels
+    (the forward fold, the gradient's two passes); a fold whose kernel Pallas cannot lower
+    (the index of a min, which the min's gradient reads) takes the XLA loop in its place, in a
+    module that verifies, and the refusal is kept."""
+    from foldax._kernels import tpu as kernels
+
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+    attention = lambda q: foldax.dot_product_attention(q, q, q, is_causal=True)  # noqa: E731
+    x = jax.ShapeDtypeStruct((300, 3), jnp.float32)
+    nearest = lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction="min")  # noqa: E731
+    cases = (
+        (jax.grad(lambda q: jnp.sum(attention(q).astype(jnp.float32))), (q,), 3),
+        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 0),
+    )
+    for f, args, kernels_expected in cases:
+        kernels._REFUSALS.clear()
+        lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("tpu",))
+        lowered.compiler_ir().operation.verify()
+        text = lowered.as_text()
+        assert text.count("tpu_custom_call") == kernels_expected
+        refused = bool(kernels.refusals())
+        assert refused == (kernels_expected == 0)
+        assert refused == ("stablehlo.while" in text)

@@ -146,9 +146,9 @@ def _restricted(fold, rows):
     at = len(fold.in_avals[1])
     mask, live = spec.pair_mask, spec.block_live
 
-    def pair_mask(consts, i, j):
+    def pair_mask(consts, i, j, **take):
         keep = consts[at][i]
-        return keep if mask is None else keep & mask(consts, i, j)
+        return keep if mask is None else keep & mask(consts, i, j, **take)
 
     def block_live(consts, i0, j0, bi, bj):
         some = jnp.any(jax.lax.dynamic_slice_in_dim(consts[at], i0, bi))

@@ -286,7 +286,9 @@ class Fold(_Rules):
     def kernel_serves(self, platform) -> bool:
         """Whether an accelerator kernel (:mod:`foldax._kernels`) computes this fold."""
         key = ("_kernel_serves", platform)
-        if key not in self.__dict__:
+        if tpu_kernels.refused():  # its kernel failed to lower: lowered again by the loop
+            return False
+        if key not in self.__dict__:  # (static checks: cheap)
             self.__dict__[key] = tpu_kernels.serves(
                 self.spec, self.in_avals, self.out_aval, platform, _finish_states(self.spec)
             )

@@ -126,11 +126,23 @@ mlir.register_lowering(
     mlir.lower_fun(functools.partial(_expand, platform="cpu"), multiple_results=True),
     platform="cpu",
 )
-mlir.register_lowering(
-    fold_p,
-    mlir.lower_fun(functools.partial(_expand, platform="tpu"), multiple_results=True),
-    platform="tpu",
-)
+_lower_tpu = mlir.lower_fun(functools.partial(_expand, platform="tpu"), multiple_results=True)
+
+
+def _tpu_lowering(ctx, *args, fold_rule):
+    """On a TPU: the fold with its kernels where they serve it; a kernel Pallas fails to lower
+    (a body it has no rule for: a gather, say) leaves the fold to the XLA loop, lowered in its
+    place (found by lowering it once, not by a check of its own)."""
+    try:
+        return _lower_tpu(ctx, *args, fold_rule=fold_rule)
+    except Exception as error:  # any failure to lower a kernel: the loop instead
+        from .._kernels import tpu
+
+        with tpu.refusing(error):
+            return _lower_tpu(ctx, *args, fold_rule=fold_rule)
+
+
+mlir.register_lowering(fold_p, _tpu_lowering, platform="tpu")
 ad.primitive_jvps[fold_p] = _jvp
 ad.primitive_transposes[fold_p] = _transpose
 batching.fancy_primitive_batchers[fold_p] = _batch

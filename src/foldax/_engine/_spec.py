@@ -50,7 +50,11 @@ class Spec:
     (:mod:`._implementation`: ``None`` per platform, ``"xla"``, ``"pallas"``). ``lanes_body``
     (dense plans walking the rows last): ``body`` taking the slots' arrays with their slots
     last too, so that every intermediate of a tile is ``(*f, bi, bj)``: what an accelerator
-    kernel's vector registers want (derived folds have none).
+    kernel's vector registers want (derived folds have none). ``keyed``: ``(index, side)`` of
+    the consts that ``pair_mask`` reads only at the pairs' slots (side 0: a value per slot) or
+    rows (side 1: a value per row), through its ``take`` argument: ``pair_mask(consts, i, j,
+    take)``, ``take(a, i)`` being ``a[i]`` where none is given; a kernel hands it those consts
+    block by block, with a ``take`` that reads the block.
     """
 
     plan: PlanSpec
@@ -71,6 +75,7 @@ class Spec:
     out_dtypes: tuple | None = None
     implementation: str | None = None
     lanes_body: Callable | None = None
+    keyed: tuple = ()
 
     def replace(self, **kw):
         return dataclasses.replace(self, **kw)

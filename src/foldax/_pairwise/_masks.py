@@ -26,6 +26,10 @@ from . import _band
 from ._intervals import Range, block_test, evaluate
 
 
+def _take(a, i):
+    return a[i]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Masking:
     """The pairs that take part. ``closed``: the user's traced mask (or ``None``), reading
@@ -56,7 +60,7 @@ class Masking:
         """The engine's ``pair_mask(consts, i, j)``, reading this masking's arrays from the
         fold's consts ``[start, start + len(self.consts))``."""
 
-        def pair_mask(consts, i, j):
+        def pair_mask(consts, i, j, take=_take):
             own = tuple(consts[start : start + len(self.consts)])
             keep = True
             if self.closed is not None:
@@ -64,14 +68,21 @@ class Masking:
                 keep = jnp.vectorize(mask)(i, j)
             if self.ids:
                 ids_x, ids_y = own[self.n_mask : self.n_mask + 2]
-                keep = keep & (ids_x[i] == ids_y[j])
+                keep = keep & (take(ids_x, i) == take(ids_y, j))
             if self.pairs:
                 keep = keep & _pairs_at(own[self._at_pairs], i, j)
             if self.rows:
-                keep = keep & own[-1][i]
+                keep = keep & take(own[-1], i)
             return keep
 
         return pair_mask
+
+    def keyed(self, start):
+        """The engine's ``keyed`` (:class:`foldax._engine.Spec`): the segment ids of ``x`` and
+        of ``y``, and the rows of ``x`` that take part, read at each pair's own indices."""
+        ids = ((start + self.n_mask, 0), (start + self.n_mask + 1, 1)) if self.ids else ()
+        rows = ((start + len(self.consts) - 1, 0),) if self.rows else ()
+        return (*ids, *rows)
 
     def block_live(self, start):
         """The engine's ``block_live(consts, i0, j0, bi, bj)``, or ``None`` where only the pairs

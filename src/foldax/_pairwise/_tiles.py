@@ -104,8 +104,9 @@ def _fold(
     y_leaves, y_tree = jax.tree.flatten(y)
     nk = len(consts)
     pair_mask = block_live = None
+    keyed = ()
     if mask is not None:  # the arrays the mask reads follow the kernel's
-        pair_mask, block_live = mask.pair_mask(nk), mask.block_live(nk)
+        pair_mask, block_live, keyed = mask.pair_mask(nk), mask.block_live(nk), mask.keyed(nk)
         consts = (*consts, *mask.consts)
 
     def body(consts, slots, rows, mask, index):
@@ -142,6 +143,7 @@ def _fold(
         widen=widen,
         implementation=_engine.current_implementation(),
         lanes_body=None if lanes_tile is None else lanes_body,
+        keyed=keyed,
     )
     # y is walked transposed (rows last) unless the kernel contracts: one O(N) copy per call.
     rows = [jnp.moveaxis(a, 0, -1) for a in y_leaves] if cols else y_leaves

@@ -19,7 +19,7 @@ class SoftmaxSum(Monoid):
     State ``(m, s, acc)``: running max logit, ``sum exp(l - shift(m))`` and the weighted values,
     in float32 for half-precision logits or values (mixed precision, e.g. float32 logits and
     bfloat16 values, is accepted: the weights meet the values in the values' dtype, summed in
-    the state's). The result is in the state's dtype (:func:`pairwise` casts it to the values').
+    the state's). The result is in the values' dtype, cast as the fold finishes a block.
     """
 
     pallas = True
@@ -44,6 +44,9 @@ class SoftmaxSum(Monoid):
         summed at least as precisely as the logits."""
         lg_acc = _accumulator(lg_dtype)
         return lg_acc, promote(_accumulator(val_dtype), lg_acc)
+
+    def result_dtype(self, aval):
+        return aval[1].dtype  # the weighted mean of values is cast to theirs as it is made
 
     def init_aval(self, num, aval):
         lg, val = aval
@@ -120,7 +123,8 @@ class SoftmaxSum(Monoid):
         lse, out = info
         g_out, g_lse = g
         p, ok = self._weights(lg, mask, lse)
-        acc = out.dtype  # the values' state dtype: products are taken there
+        acc = self._dtypes(lg.dtype, val.dtype)[1]  # the values' state: products are taken there
+        out = out.astype(acc)
         ct_lg = jnp.zeros_like(p)
         ct_val = jnp.zeros(val.shape, acc)
         if g_out is not None and self.shared:
@@ -145,7 +149,8 @@ class SoftmaxSum(Monoid):
         lg, val = v
         dlg, dval = dv
         lse, out = info
-        acc = out.dtype
+        acc = self._dtypes(lg.dtype, val.dtype)[1]
+        out = out.astype(acc)
         p, _ = self._weights(lg, mask, lse)
         pd = None if dlg is None else p * dlg.astype(p.dtype)
         p, val = p.astype(acc), val.astype(acc)

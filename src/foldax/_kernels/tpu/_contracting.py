@@ -33,6 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ..._engine._derived import widened_dtype
 from . import _layout, _precision, _table
 
 #: dtypes a TPU kernel reads; interpret mode (on a CPU) takes 64-bit ones too, for references
@@ -90,12 +91,10 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     """Whether these kernels compute the fold ``spec`` on ``platform``: a dense pairwise fold
     (a monoid one with a monoid the kernel folds, ``Monoid.pallas``, or an additive one without
     sums over every pair), on one device, unmasked or with a mask whose live blocks can be
-    listed, of arrays Mosaic reads (32- and 16-bit types), with small constants; chosen by
-    ``spec.implementation`` (``None``: on a TPU; ``"pallas"``: anywhere, interpreted off one).
-    On a TPU, the kernels must also lower (else the XLA loop serves)."""
-    impl = spec.implementation
-    if impl == "xla" or (platform != "tpu" and impl != "pallas"):
-        return False
+    listed, of arrays Mosaic reads (32- and 16-bit types), with small constants (the caller,
+    :func:`foldax._kernels.tpu.serves`, has checked that ``spec.implementation`` asks for a
+    kernel on ``platform``). A kernel that then fails to lower leaves the fold to the XLA loop
+    (the primitive's TPU lowering rule)."""
     plan, mon = spec.plan, spec.monoid
     if plan.kind != "dense" or (mon is not None and not mon.pallas):
         return False
@@ -112,34 +111,12 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
         return False
     if any(a.ndim not in (1, 2) for a in (*slots, *rows)) or any(a.ndim > 2 for a in consts):
         return False
-    if sum(a.size * a.dtype.itemsize for a in consts) > _MAX_CONST_BYTES:
+    keyed = dict(spec.keyed)
+    sizes = (spec.plan.num_slots, spec.plan.n)
+    if any(consts[c].shape != (sizes[side],) for c, side in keyed.items()):
         return False
-    return interpret or _lowers(spec, in_avals, out_aval, finish, blocks)
-
-
-def _lowers(spec, in_avals, out_aval, finish, blocks):
-    """Whether the kernels lower to Mosaic for these avals (a kernel whose body Pallas cannot
-    lower, a gather say, leaves the fold to the XLA loop rather than fail the program)."""
-    key = (spec, in_avals, blocks or DEFAULT_BLOCKS)
-    if key not in _LOWERS:
-        if len(_LOWERS) > 256:
-            _LOWERS.clear()
-
-        def run(*args):
-            return lower(spec, in_avals, out_aval, finish, args, platform="tpu", blocks=blocks)
-
-        try:
-            jax.jit(run).trace(*in_avals).lower(lowering_platforms=("tpu",))
-            _LOWERS[key] = True
-        except Exception as error:  # any failure to lower means: not served
-            _LOWERS[key] = False
-            LAST_REFUSAL[0] = error  # (what a benchmark or a test may print)
-    return _LOWERS[key]
-
-
-_LOWERS: dict = {}
-#: the last error a kernel failed to lower with
-LAST_REFUSAL: list = [None]
+    whole = (a for c, a in enumerate(consts) if c not in keyed)
+    return sum(a.size * a.dtype.itemsize for a in whole) <= _MAX_CONST_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +159,11 @@ def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
     live = (
         None if spec.pair_mask is None else _table.live_blocks(spec, consts, geo.b, geo.gi, geo.gj)
     )
+    totals = (geo.gi * geo.b.rows, geo.gj * geo.b.cols)
+    keyed = dict(spec.keyed)
+    consts = tuple(
+        _layout.pad_rows(a, totals[keyed[c]]) if c in keyed else a for c, a in enumerate(consts)
+    )
     run = functools.partial(_pass, spec, geo, (consts, slots, rows), interpret=platform != "tpu")
     if spec.monoid is not None:
         return (run("slots", live, _monoid_step(spec, geo, finish, out_aval[0])), (), ())
@@ -215,7 +197,13 @@ def _tile_avals(spec, geo, consts, slots, rows):
     row_shape = lambda a: (*a.shape[:-1], b.cols) if geo.axis == -1 else (b.cols, *a.shape[1:])  # noqa: E731
     sds = jax.ShapeDtypeStruct
     return (
-        tuple(sds(a.shape, a.dtype) for a in consts),
+        tuple(
+            sds(
+                ((b.rows, b.cols)[dict(spec.keyed)[c]],) if c in dict(spec.keyed) else a.shape,
+                a.dtype,
+            )
+            for c, a in enumerate(consts)
+        ),
         tuple(sds(slot_shape(a), a.dtype) for a in slots),
         tuple(sds(row_shape(a), a.dtype) for a in rows),
         sds((b.rows, b.cols), jnp.bool_),
@@ -253,19 +241,12 @@ def _sum_step(spec, geo, part, out_avals):
 
     def shaped(avals):
         sums = jax.eval_shape(body, *avals)[part]
-        state = tuple(jax.ShapeDtypeStruct(a.shape, _wide(a.dtype)) for a in sums)
+        state = tuple(jax.ShapeDtypeStruct(a.shape, widened_dtype(a.dtype)) for a in sums)
         init = lambda: tuple(jnp.zeros(a.shape, a.dtype) for a in state)  # noqa: E731
         cast = lambda st: tuple(s.astype(o.dtype) for s, o in zip(st, out_avals, strict=True))  # noqa: E731
         return state, init, cast
 
     return update, shaped, out_avals
-
-
-def _wide(dtype):
-    dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
-        return jnp.dtype(jnp.float32)
-    return dtype
 
 
 def _pass(spec, geo, arrays, outer, live, step, *, interpret):
@@ -287,12 +268,14 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
     b = geo.b
     slot_spec = lambda a: (  # noqa: E731
         _layout.row_block(a, b.rows, -1, slot_at)
-        if geo.lanes
+        if geo.lanes or a.shape[0] == 1
         else _layout.slot_block(a, b.rows, slot_at)
     )
     if by_slots:
-        outs = [_layout.column_aval((geo.gi * b.rows, *a.shape[1:]), a.dtype) for a in out_avals]
-        out_specs = [_layout.slot_block(o, b.rows, own) for o in outs]
+        outs = [_slots_aval(a, geo) for a in out_avals]
+        out_specs = [
+            slot_spec(o) if o.shape[0] == 1 else _layout.slot_block(o, b.rows, own) for o in outs
+        ]
     else:
         outs = [_rows_aval(a, geo) for a in out_avals]
         out_specs = [_layout.row_block(o, b.cols, geo.axis, own) for o in outs]
@@ -300,8 +283,8 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
         num_scalar_prefetch=len(prefetch),
         grid=(g_out, g_in),
         in_specs=[
-            *(_layout.whole(_layout.lanes(a)) for a in consts),
-            *(slot_spec(_layout.lanes(a) if geo.lanes else _layout.column(a)) for a in slots),
+            *(_const_spec(spec, geo, c, a, (slot_at, row_at)) for c, a in enumerate(consts)),
+            *(slot_spec(_layout.slot_lanes(a)) for a in slots),
             *(_layout.row_block(_layout.lanes(a), b.cols, geo.axis, row_at) for a in rows),
         ],
         out_specs=out_specs,
@@ -321,11 +304,31 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
         name=f"foldax_{_identifier(spec.name)}_{outer}",
     )(
         *prefetch,
-        *map(_layout.lanes, consts),
-        *map(_layout.lanes if geo.lanes else _layout.column, slots),
+        *(
+            _layout.keyed(a) if c in dict(spec.keyed) else _layout.const(a)
+            for c, a in enumerate(consts)
+        ),
+        *map(_layout.slot_lanes, slots),
         *map(_layout.lanes, rows),
     )
     return tuple(_unpad(r, a, geo, by_slots) for r, a in zip(results, out_avals, strict=True))
+
+
+def _const_spec(spec, geo, c, a, at):
+    """A const's block: a keyed one's block of slots or rows (see ``Spec.keyed``), as lanes;
+    any other whole."""
+    side = dict(spec.keyed).get(c)
+    if side is None:
+        return _layout.whole(_layout.const(a))
+    size = (geo.b.rows, geo.b.cols)[side]
+    return _layout.row_block(_layout.keyed(a), size, -1, at[side])
+
+
+def _slots_aval(a, geo):
+    """The padded slot outputs of ``a``, as the kernel keeps them (one-dimensional: lanes)."""
+    total = geo.gi * geo.b.rows
+    shape = (1, total) if _layout.narrow(a.shape) else (total, *a.shape[1:])
+    return jax.ShapeDtypeStruct(shape, a.dtype)
 
 
 def _rows_aval(a, geo):
@@ -348,7 +351,19 @@ def _kernel(spec, geo, avals, state_avals, fns, by_slots, masked):
     the slots' block, the rows' block, the outputs' block, then the accumulators' scratch."""
     init, update, finish = fns
     b = geo.b
-    consts, slots, rows = (tuple(map(_layout.reader_of, part)) for part in avals[:3])
+    keyed = dict(spec.keyed)
+    consts = tuple(
+        _layout.keyed_reader(a, keyed[c]) if c in keyed else _layout.const_reader(a)
+        for c, a in enumerate(avals[0])
+    )
+    slots, rows = (tuple(map(_layout.reader_of, part)) for part in avals[1:3])
+    if not geo.lanes:  # one-dimensional slot arrays come as lanes, wanted as a column
+        slots = tuple(
+            (lambda r, a=a: _layout.to_column(r[...]).reshape(a.shape))
+            if _layout.narrow(a.shape)
+            else f
+            for f, a in zip(slots, avals[1], strict=True)
+        )
     nc, ns, nr = len(consts), len(slots), len(rows)
     state_leaves, state_tree = jax.tree.flatten(state_avals)
     state_readers = tuple(_layout.reader(a.shape) for a in state_leaves)
@@ -391,7 +406,12 @@ def _kernel(spec, geo, avals, state_avals, fns, by_slots, masked):
 
         @pl.when(k == pl.num_programs(1) - 1)
         def _():
-            store(o_refs, finish(state()))
+            outs = jax.tree.leaves(finish(state()))
+            if by_slots:  # a one-dimensional result per slot is written as lanes
+                outs = [
+                    _layout.to_lanes(v.reshape(-1)) if _layout.narrow(v.shape) else v for v in outs
+                ]
+            store(o_refs, outs)
 
     return kernel
 
@@ -412,7 +432,8 @@ def _tile_mask(spec, geo, consts, i, j, by_slots):
     if not whole_rows:
         mask = mask & (ii < m)
     if spec.pair_mask is not None:
-        mask = mask & jnp.broadcast_to(spec.pair_mask(consts, ii, jj), mask.shape)
+        take = {"take": _layout.take_block} if spec.keyed else {}
+        mask = mask & jnp.broadcast_to(spec.pair_mask(consts, ii, jj, **take), mask.shape)
     return mask, cols
 
 
@@ -420,7 +441,7 @@ def _vmem_limit(geo, avals):
     """Scoped VMEM for one step: its blocks double-buffered and a few float32 tiles."""
     rows = sum(a.size * a.dtype.itemsize for a in avals[1])
     cols = sum(a.size * a.dtype.itemsize for a in avals[2])
-    need = 2 * (rows + cols) + 8 * 4 * geo.b.rows * geo.b.cols
+    need = _step_bytes(geo.b.rows, geo.b.cols, rows / geo.b.rows, cols / geo.b.cols)
     return int(min(100 * 2**20, max(32 * 2**20, 2 * need)))
 
 

@@ -1,17 +1,22 @@
 """How a TPU kernel's arrays are laid out in its blocks.
 
-Mosaic blocks the last two axes of an array in multiples of ``(8, 128)`` (or whole), so a
-one-dimensional array of slots (a log-sum-exp per row of ``x``) is kept as a column
-``(m, 1)``, the layout a reduction along a tile's rows leaves its result in, and a
-one-dimensional array of rows of ``y`` (or a constant) as one row of lanes ``(1, n)``. Both
-stay legal blocks when ``vmap`` adds a leading axis to the kernel's grid.
+Mosaic blocks the last two axes of an array in multiples of ``(8, 128)`` (or whole), and an
+array in HBM is tiled so too: a column ``(m, 1)`` would take 128 times its size. So every
+one-dimensional array (a log-sum-exp per row of ``x``, a value per row of ``y``, a constant)
+is kept as one row of lanes ``(1, n)``, a legal block also when ``vmap`` adds a leading axis
+to the kernel's grid. A tile's reduction along its rows leaves its result in a column's
+layout, ``(bi,)`` down the sublanes: :func:`to_column` and :func:`to_lanes` turn one into the
+other (a transpose on the cross-lane unit, which Mosaic lowers where it reshapes none).
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 LANES = 128
 
@@ -43,13 +48,43 @@ def column_aval(shape, dtype):
     return jax.ShapeDtypeStruct(column_shape(shape), dtype)
 
 
+def narrow(shape) -> bool:
+    """Whether an array of slots (rows first) holds one value per slot: kept as lanes."""
+    return len(shape) == 1 or math.prod(shape[1:]) == 1
+
+
+def slot_lanes(a):
+    """An array of slots holding one value each as a row of lanes ``(1, m)``."""
+    return a.reshape(1, a.shape[0]) if narrow(a.shape) else a
+
+
 def lanes(a):
     """A one-dimensional array of rows (or a constant) as one row of lanes ``(1, n)``."""
     return a.reshape(1, a.shape[0]) if a.ndim == 1 else a
 
 
 def whole(a):
+    """The whole of ``a`` in every step: in VMEM, or a scalar (``(1,)``, see :func:`const`)
+    in SMEM, where the scalar unit reads it."""
+    if a.ndim == 1 and a.shape[0] == 1:
+        return pl.BlockSpec(memory_space=pltpu.SMEM)
     return pl.BlockSpec(a.shape, lambda o, k, *table: (0,) * a.ndim)
+
+
+def const(a):
+    """A constant as the kernel takes it: a scalar as ``(1,)`` of 32 bits (a word of SMEM), a
+    one-dimensional array as a row of lanes."""
+    if a.ndim == 0:
+        return _as32(a)[0].reshape(1)
+    return lanes(a)
+
+
+def const_reader(aval):
+    """Read a constant of ``aval`` from its ref (see :func:`const`)."""
+    if aval.ndim == 0:
+        dtype = jnp.dtype(aval.dtype)
+        return lambda r: r[0] != 0 if dtype == jnp.bool_ else r[0].astype(dtype)
+    return reader(aval.shape)
 
 
 def slot_block(a, size, at):
@@ -79,3 +114,48 @@ def reader(shape):
 
 def write(r, v):
     r[...] = v.astype(r.dtype).reshape(r.shape)
+
+
+def _as32(v):
+    """``v`` in a 32-bit type (what the TPU transposes), and the way back."""
+    dtype = v.dtype
+    if dtype == jnp.bool_:
+        return v.astype(jnp.int32), lambda w: w != 0
+    if dtype.itemsize < 4:
+        return v.astype(jnp.float32), lambda w: w.astype(dtype)
+    return v, lambda w: w
+
+
+def keyed(a):
+    """A const read at each pair's slot or row (``Spec.keyed``) as 32-bit lanes ``(1, n)``."""
+    return _as32(a)[0].reshape(1, a.shape[0])
+
+
+def keyed_reader(aval, side):
+    """Read a block of a keyed const (see :func:`keyed`): ``(bi,)`` down a column for the
+    slots' side (0), ``(bj,)`` along the lanes for the rows' (1)."""
+    dtype = jnp.dtype(aval.dtype)
+    back = (lambda w: w != 0) if dtype == jnp.bool_ else (lambda w: w.astype(dtype))
+    if side == 0:
+        return lambda r: back(to_column(r[...]))
+    return lambda r: back(r[...].reshape(aval.shape))
+
+
+def take_block(block, index):
+    """``pair_mask``'s ``take`` in a kernel: a keyed const comes as the block of the pairs'
+    indices, already in their order."""
+    return block.reshape(index.shape)
+
+
+def to_column(v):
+    """A row of lanes ``(1, b)`` as ``(b,)`` in a column's layout."""
+    w, back = _as32(v)
+    b = w.shape[-1]
+    return back(jnp.broadcast_to(w, (LANES, b)).T[:, :1].reshape(b))
+
+
+def to_lanes(v):
+    """``(b,)`` in a column's layout as a row of lanes ``(1, b)``."""
+    w, back = _as32(v)
+    b = w.shape[0]
+    return back(jnp.broadcast_to(w.reshape(b, 1), (b, LANES)).T[:1])
