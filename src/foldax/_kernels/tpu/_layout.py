@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -37,15 +36,6 @@ def pad_rows(a, total, axis=0):
 
 def column_shape(shape):
     return (shape[0], 1) if len(shape) == 1 else tuple(shape)
-
-
-def column(a):
-    """A one-dimensional array of slots as a column ``(m, 1)``; others as they are."""
-    return a.reshape(column_shape(a.shape))
-
-
-def column_aval(shape, dtype):
-    return jax.ShapeDtypeStruct(column_shape(shape), dtype)
 
 
 def narrow(shape) -> bool:
