@@ -57,12 +57,14 @@ def lowered(monkeypatch):
 
 def kernel_and_xla(f, *args):
     """``(f(*args) with the kernels, f(*args) with the XLA fold)``, each jitted (on a TPU
-    at the highest precision of products, XLA's being bfloat16 by default)."""
+    at the highest precision of products, XLA's being bfloat16 by default). Each is traced
+    anew: ``jax.jit`` caches a trace by the function, and the implementation is read when the
+    fold is traced."""
     precision = "highest" if ON_TPU else None
     with _engine.implementation(IMPL), jax.default_matmul_precision(precision):
-        ours = jax.jit(f)(*args)
+        ours = jax.jit(lambda *a: f(*a))(*args)
     with _engine.implementation("xla"), jax.default_matmul_precision(precision):
-        theirs = jax.jit(f)(*args)
+        theirs = jax.jit(lambda *a: f(*a))(*args)
     return ours, theirs
 
 

@@ -398,13 +398,13 @@ def sweep():
 
 
 SECTIONS = {
-    "checks": lambda: checks(),
-    "attention": lambda: attention_rows(),
-    "lengths": lambda: lengths_rows(),
-    "segments": lambda: segments_rows(),
-    "lce": lambda: lce_rows(),
-    "gauss": lambda: kernel_sum_rows(),
-    "sweep": lambda: sweep(),
+    "checks": checks,
+    "attention": attention_rows,
+    "lengths": lengths_rows,
+    "segments": segments_rows,
+    "lce": lce_rows,
+    "gauss": kernel_sum_rows,
+    "sweep": sweep,
 }
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from jax.tree_util import tree_flatten, tree_unflatten
 
 from .._jax import Primitive as _JaxPrimitive
 from .._jax import ad, batching, mlir
+from .._kernels import tpu as tpu_kernels
 
 fold_p = _JaxPrimitive("foldax_fold")
 fold_p.multiple_results = True
@@ -136,9 +137,7 @@ def _tpu_lowering(ctx, *args, fold_rule):
     try:
         return _lower_tpu(ctx, *args, fold_rule=fold_rule)
     except Exception as error:  # any failure to lower a kernel: the loop instead
-        from .._kernels import tpu
-
-        with tpu.refusing(error):
+        with tpu_kernels.refusing(error):
             return _lower_tpu(ctx, *args, fold_rule=fold_rule)
 
 

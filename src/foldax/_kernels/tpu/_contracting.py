@@ -111,19 +111,18 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
         return False
     if any(a.ndim not in (1, 2) for a in (*slots, *rows)) or any(a.ndim > 2 for a in consts):
         return False
-    keyed = dict(spec.keyed)
-    sizes = (spec.plan.num_slots, spec.plan.n)
-    if any(consts[c].shape != (sizes[side],) for c, side in keyed.items()):
+    sizes = (geo.m, geo.n)
+    if any(consts[c].shape != (sizes[side],) for c, side in geo.keyed.items()):
         return False
-    whole = (a for c, a in enumerate(consts) if c not in keyed)
+    whole = (a for c, a in enumerate(consts) if c not in geo.keyed)
     return sum(a.size * a.dtype.itemsize for a in whole) <= _MAX_CONST_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
     """A fold's grid: ``m`` slots by ``n`` rows in blocks ``b``, ``gi`` x ``gj`` of them; the
-    rows' axis, and whether the slots' arrays are walked with their slots last too (the
-    fold's ``lanes_body``)."""
+    rows' axis, whether the slots' arrays are walked with their slots last too (the fold's
+    ``lanes_body``), and the side (0: slots, 1: rows) of each keyed const (``Spec.keyed``)."""
 
     m: int
     n: int
@@ -132,6 +131,11 @@ class _Geometry:
     gj: int
     axis: int
     lanes: bool
+    keyed: dict
+
+    def block(self, side):
+        """Rows per block of the slots' side (0) or of the rows' (1)."""
+        return (self.b.rows, self.b.cols)[side]
 
     @classmethod
     def of(cls, spec, in_avals, blocks):
@@ -142,7 +146,7 @@ class _Geometry:
         b = (blocks or DEFAULT_BLOCKS).fit(m, n, per_row(slots, 0), per_row(rows, axis))
         gi, gj = b.grid(m, n)
         lanes = spec.lanes_body is not None and axis == -1 and spec.monoid is not None
-        return cls(m, n, b, gi, gj, axis, lanes)
+        return cls(m, n, b, gi, gj, axis, lanes, dict(spec.keyed))
 
 
 def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
@@ -160,9 +164,9 @@ def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
         None if spec.pair_mask is None else _table.live_blocks(spec, consts, geo.b, geo.gi, geo.gj)
     )
     totals = (geo.gi * geo.b.rows, geo.gj * geo.b.cols)
-    keyed = dict(spec.keyed)
     consts = tuple(
-        _layout.pad_rows(a, totals[keyed[c]]) if c in keyed else a for c, a in enumerate(consts)
+        _layout.pad_rows(a, totals[geo.keyed[c]]) if c in geo.keyed else a
+        for c, a in enumerate(consts)
     )
     run = functools.partial(_pass, spec, geo, (consts, slots, rows), interpret=platform != "tpu")
     if spec.monoid is not None:
@@ -198,10 +202,7 @@ def _tile_avals(spec, geo, consts, slots, rows):
     sds = jax.ShapeDtypeStruct
     return (
         tuple(
-            sds(
-                ((b.rows, b.cols)[dict(spec.keyed)[c]],) if c in dict(spec.keyed) else a.shape,
-                a.dtype,
-            )
+            sds((geo.block(geo.keyed[c]),) if c in geo.keyed else a.shape, a.dtype)
             for c, a in enumerate(consts)
         ),
         tuple(sds(slot_shape(a), a.dtype) for a in slots),
@@ -283,7 +284,7 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
         num_scalar_prefetch=len(prefetch),
         grid=(g_out, g_in),
         in_specs=[
-            *(_const_spec(spec, geo, c, a, (slot_at, row_at)) for c, a in enumerate(consts)),
+            *(_const_spec(geo, c, a, (slot_at, row_at)) for c, a in enumerate(consts)),
             *(slot_spec(_layout.slot_lanes(a)) for a in slots),
             *(_layout.row_block(_layout.lanes(a), b.cols, geo.axis, row_at) for a in rows),
         ],
@@ -304,24 +305,20 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
         name=f"foldax_{_identifier(spec.name)}_{outer}",
     )(
         *prefetch,
-        *(
-            _layout.keyed(a) if c in dict(spec.keyed) else _layout.const(a)
-            for c, a in enumerate(consts)
-        ),
+        *(_layout.keyed(a) if c in geo.keyed else _layout.const(a) for c, a in enumerate(consts)),
         *map(_layout.slot_lanes, slots),
         *map(_layout.lanes, rows),
     )
     return tuple(_unpad(r, a, geo, by_slots) for r, a in zip(results, out_avals, strict=True))
 
 
-def _const_spec(spec, geo, c, a, at):
+def _const_spec(geo, c, a, at):
     """A const's block: a keyed one's block of slots or rows (see ``Spec.keyed``), as lanes;
     any other whole."""
-    side = dict(spec.keyed).get(c)
+    side = geo.keyed.get(c)
     if side is None:
         return _layout.whole(_layout.const(a))
-    size = (geo.b.rows, geo.b.cols)[side]
-    return _layout.row_block(_layout.keyed(a), size, -1, at[side])
+    return _layout.row_block(_layout.keyed(a), geo.block(side), -1, at[side])
 
 
 def _slots_aval(a, geo):
@@ -351,9 +348,8 @@ def _kernel(spec, geo, avals, state_avals, fns, by_slots, masked):
     the slots' block, the rows' block, the outputs' block, then the accumulators' scratch."""
     init, update, finish = fns
     b = geo.b
-    keyed = dict(spec.keyed)
     consts = tuple(
-        _layout.keyed_reader(a, keyed[c]) if c in keyed else _layout.const_reader(a)
+        _layout.keyed_reader(a, geo.keyed[c]) if c in geo.keyed else _layout.const_reader(a)
         for c, a in enumerate(avals[0])
     )
     slots, rows = (tuple(map(_layout.reader_of, part)) for part in avals[1:3])

@@ -72,8 +72,8 @@ def const(a):
 def const_reader(aval):
     """Read a constant of ``aval`` from its ref (see :func:`const`)."""
     if aval.ndim == 0:
-        dtype = jnp.dtype(aval.dtype)
-        return lambda r: r[0] != 0 if dtype == jnp.bool_ else r[0].astype(dtype)
+        back = _from32(aval.dtype)
+        return lambda r: back(r[0])
     return reader(aval.shape)
 
 
@@ -107,13 +107,16 @@ def write(r, v):
 
 
 def _as32(v):
-    """``v`` in a 32-bit type (what the TPU transposes), and the way back."""
-    dtype = v.dtype
-    if dtype == jnp.bool_:
-        return v.astype(jnp.int32), lambda w: w != 0
-    if dtype.itemsize < 4:
-        return v.astype(jnp.float32), lambda w: w.astype(dtype)
-    return v, lambda w: w
+    """``v`` in a 32-bit type (what the TPU transposes and SMEM holds), and the way back."""
+    dtype = jnp.dtype(v.dtype)
+    wide = jnp.int32 if dtype == jnp.bool_ else jnp.float32 if dtype.itemsize < 4 else dtype
+    return v.astype(wide), _from32(dtype)
+
+
+def _from32(dtype):
+    """The way back from :func:`_as32` to ``dtype``."""
+    dtype = jnp.dtype(dtype)
+    return (lambda w: w != 0) if dtype == jnp.bool_ else (lambda w: w.astype(dtype))
 
 
 def keyed(a):
@@ -124,8 +127,7 @@ def keyed(a):
 def keyed_reader(aval, side):
     """Read a block of a keyed const (see :func:`keyed`): ``(bi,)`` down a column for the
     slots' side (0), ``(bj,)`` along the lanes for the rows' (1)."""
-    dtype = jnp.dtype(aval.dtype)
-    back = (lambda w: w != 0) if dtype == jnp.bool_ else (lambda w: w.astype(dtype))
+    back = _from32(aval.dtype)
     if side == 0:
         return lambda r: back(to_column(r[...]))
     return lambda r: back(r[...].reshape(aval.shape))
