@@ -124,8 +124,7 @@ def test_reductions_of_a_kernel(rng, lowered, reduction):
     f = lambda x, y: foldax.pairwise_reduce(kernel, x, y, reduction=reduction)  # noqa: E731
     with wide():
         ours, theirs = kernel_and_xla(f, x, y)
-    # the index reductions take the XLA fold until their kernel is checked on a TPU
-    assert lowered[0] == (reduction in ("logsumexp", "min", "max"))
+    assert lowered[0] == 1
     z = x @ y.T if reduction == "logsumexp" else ((x[:, None] - y[None]) ** 2).sum(-1)
     want = {
         "logsumexp": lambda: np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1),
@@ -158,15 +157,67 @@ def test_kernel_sum_times_values(rng, lowered):
     assert_allclose(ours, theirs, dtype=WIDE, scale=scale)
 
 
-def test_non_finite_values_stay_where_they_are(rng):
+@pytest.mark.parametrize("dtype", [np.float32, WIDE])
+def test_non_finite_values_stay_where_they_are(rng, dtype):
     """A value of ``y`` that is inf or NaN reaches its own rows' results only, as in the
-    dense sum; the padded columns (copies of the last row) add nothing."""
-    x, y, v = data(rng, WIDE, d=3, f=2)
+    dense sum (at the highest precision too, whose float32 products Mosaic splits into
+    parts: an infinity's low part is NaN); the padded columns (copies of the last row) add
+    nothing. So do infinite logits in a softmax's product with its values."""
+    x, y, v = data(rng, dtype, d=3, f=2)
     v[-1, 0], v[5, 1] = np.inf, np.nan
     f = lambda x, y, v: foldax.pairwise_reduce(gauss, x, (y, v), reduction="sum")  # noqa: E731
     with wide():
         ours, theirs = kernel_and_xla(f, x, y, v)
-    assert_allclose(ours, theirs, dtype=WIDE)
+    with jax.default_matmul_precision("highest"), _engine.implementation(IMPL):
+        highest = jax.jit(lambda *a: f(*a))(x, y, v)
+    for got in (ours, highest):
+        assert_allclose(got, theirs, dtype=dtype, scale=data_scale(theirs))
+    np.testing.assert_array_equal(np.isposinf(ours[:, 0]), True)  # w > 0 times inf
+    assert np.all(np.isnan(ours[:, 1]))  # and NaN
+    soft = lambda a, b: (jnp.dot(a, b[0]), b[1])  # noqa: E731
+    g = lambda x, y, v: foldax.pairwise_reduce(soft, x, (y, v), reduction="softmax")  # noqa: E731
+    y[3] = np.inf  # logits of +-inf (or NaN: 0 * inf) against every row of x
+    with jax.default_matmul_precision("highest"), wide():
+        ours, theirs = kernel_and_xla(g, x, y, v)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+    assert_allclose(ours, theirs, dtype=dtype, scale=data_scale(theirs))
+
+
+@pytest.mark.parametrize("reduction", ["min", "max"])
+def test_extrema_with_ties_and_nan_and_their_gradients(rng, lowered, reduction):
+    """The indices a differentiated min / max keeps (one value attaining it, two: a duplicated
+    row, or more: split evenly) and the arg-extrema's first index and NaN, by the kernel's own
+    integer reductions: equal to the XLA fold's, the gradients to a float64 dense one's."""
+    x, y, _ = data(rng, WIDE, d=3)
+    y[400], y[650] = y[3], y[3]  # three equal rows, across blocks, nearest a row of x
+    y[200] = y[10]  # ... and two nearest another
+    x[20], x[7] = y[3] + 0.01, y[10] + 0.01
+    x[299, 1] = np.nan
+    pick = {"min": "argmin", "max": "argmax"}[reduction]
+    reduce = lambda r: lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction=r)  # noqa: E731
+    loss = lambda x, y: jnp.sum(reduce(reduction)(x[:299], y) ** 2)  # noqa: E731
+    both = lambda x, y: (reduce(pick)(x, y), reduce(reduction)(x, y), jax.grad(loss, (0, 1))(x, y))  # noqa: E731
+    with wide():
+        ours, theirs = kernel_and_xla(both, x, y)
+    assert lowered[0] >= 3  # the index, the value, the value with its indices
+    idx, val, grads = ours
+    np.testing.assert_array_equal(idx, theirs[0])
+    assert np.isnan(val[299]) and idx[299] == 0  # NaN is the extreme, at the first column
+    z = ((x[:299, None] - y[None]) ** 2).sum(-1)
+    want_idx = z.argmin(1) if reduction == "min" else z.argmax(1)
+    np.testing.assert_array_equal(idx[:299], want_idx)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(theirs[2]), strict=True):
+        assert np.all(np.isfinite(a))
+        assert_allclose(a, b, dtype=WIDE, scale=data_scale(b))
+    with jax.enable_x64(True):
+        want = jax.grad(
+            lambda x, y: jnp.sum(
+                getattr(jnp, reduction)(((x[:299, None] - y[None]) ** 2).sum(-1), axis=1) ** 2
+            ),
+            (0, 1),
+        )(x.astype(np.float64), y.astype(np.float64))
+    for a, b in zip(grads, want, strict=True):
+        assert_allclose(a, b, dtype=WIDE, scale=data_scale(b))
 
 
 @pytest.mark.parametrize("mask", ["causal", "window", "formula", "segment_ids", "lengths"])
@@ -272,18 +323,22 @@ def test_block_sizes_fit_the_vmem_budget():
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
 def test_lowered_for_a_tpu_kernels_or_the_loop():
     """Lowered for a TPU (from this CPU: no TPU needed to lower), attention takes its kernels
-    (the forward fold, the gradient's two passes); a fold whose kernel Pallas cannot lower
-    (the index of a min, which the min's gradient reads) takes the XLA loop in its place, in a
-    module that verifies, and the refusal is kept."""
+    (the forward fold, the gradient's two passes), and so does a differentiated min (its
+    indices, which the gradient reads); a fold whose kernel Pallas cannot lower (a kernel
+    that sorts) takes the XLA loop in its place, in a module that verifies, and the refusal
+    is kept."""
     from foldax._kernels import tpu as kernels
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
     attention = lambda q: foldax.dot_product_attention(q, q, q, is_causal=True)  # noqa: E731
     x = jax.ShapeDtypeStruct((300, 3), jnp.float32)
     nearest = lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction="min")  # noqa: E731
+    least = lambda a, b: jnp.sort(a - b)[0]  # noqa: E731
+    sorting = lambda x, y: foldax.pairwise_reduce(least, x, y, reduction="min")  # noqa: E731
     cases = (
         (jax.grad(lambda q: jnp.sum(attention(q).astype(jnp.float32))), (q,), 3),
-        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 0),
+        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 1),
+        (jax.grad(lambda x, y: jnp.sum(sorting(x, y))), (x, x), 0),
     )
     for f, args, kernels_expected in cases:
         kernels._REFUSALS.clear()
@@ -293,4 +348,4 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
         assert text.count("tpu_custom_call") == kernels_expected
         refused = bool(kernels.refusals())
         assert refused == (kernels_expected == 0)
-        assert refused == ("stablehlo.while" in text)
+        assert not refused or "stablehlo.while" in text  # the XLA loop in its place

@@ -4,12 +4,13 @@ user calls instead (time, temp). One process; writes ``$OUT/tpu.json`` and print
 
     PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/run.py [quick] [SECTION ...]
 
-SECTIONs: checks, attention, lengths, segments, lce, gauss (all of them by default), sweep
-(blocks).
+SECTIONs: checks, attention, lengths, segments, lce, gauss, chamfer (all of them by default),
+sweep (blocks; ``SWEEP=gauss,lce`` limits its workloads, ``SWEEP_VMEM_MIB`` the VMEM budget).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -150,7 +151,7 @@ def checks():
         1e-4,
     )
     sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
-    for red in ("min", "max", "argmin", "min_argmin"):
+    for red in ("min", "max", "argmin", "argmax", "min_argmin", "max_argmax"):
         check(
             red,
             lambda x, y, red=red: foldax.pairwise_reduce(sq, x, y, reduction=red),
@@ -203,6 +204,14 @@ def checks():
             (x3, y3, v),
         ),
         "min": (lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction="min"), (x3, y3)),
+        "max": (lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction="max"), (x3, y3)),
+        "min ties": (  # three rows of y nearest the first of x, two the second
+            lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction="min"),
+            (
+                x3.at[0].set(y3[3] + 0.01).at[1].set(y3[7] + 0.01),
+                y3.at[500].set(y3[3]).at[900].set(y3[3]).at[1200].set(y3[7]),
+            ),
+        ),
         "attention causal": (lambda q: foldax.dot_product_attention(q, q, q, is_causal=True), (q,)),
         "attention window": (
             lambda q: foldax.dot_product_attention(q, q, q, local_window_size=(200, 30)),
@@ -353,17 +362,55 @@ def kernel_sum_rows():
         gauss = lambda a, c: jnp.exp(-jnp.sum((a - c[0]) ** 2)) * c[1]  # noqa: E731
         ours = lambda x, b: foldax.pairwise_reduce(gauss, x, (x, b), reduction="sum")  # noqa: E731
 
-        def lmap(x, b, block=1024):
+        def lmap(x, b, block=1024, precision=None):
             def one(xb):
-                d = jnp.sum(xb**2, 1)[:, None] + jnp.sum(x**2, 1)[None] - 2 * xb @ x.T
-                return jnp.exp(-d) @ b
+                dot = functools.partial(jnp.dot, precision=precision)
+                d = jnp.sum(xb**2, 1)[:, None] + jnp.sum(x**2, 1)[None] - 2 * dot(xb, x.T)
+                return dot(jnp.exp(-d), b)
 
             return jax.lax.map(one, x.reshape(-1, block, 3)).reshape(n, -1)
 
+        highest = functools.partial(lmap, precision=jax.lax.Precision.HIGHEST)
         ways = {"foldax": ours, "lax.map": lmap}
+        if n < 500_000:  # ~12 s a call at 1M
+            ways["lax.map highest"] = highest
         if n < 500_000:  # the XLA fold takes ~11 s a call at 1M
             ways["foldax_xla"] = with_impl("xla", ours)
         row(f"gauss kernel sum N={n}", ways, (x, b))
+        rows = np.asarray(r.choice(n, 256, replace=False))  # errors against float64
+        xs, bs = np.asarray(x, np.float64), np.asarray(b, np.float64)
+        want, size = [], []
+        for part in np.split(rows, 16):  # (16, N, 3) float64 at a time
+            k = np.exp(-((xs[part, None] - xs[None]) ** 2).sum(-1))
+            want.append(k @ bs)
+            size.append(k @ np.abs(bs))
+        want, size = np.concatenate(want), np.concatenate(size)
+        errs = {}
+        for way, f in ways.items():
+            if way != "foldax_xla":
+                got = np.asarray(jax.jit(f)(x, b), np.float64)[rows]
+                errs[way] = float(np.max(np.abs(got - want) / size))
+        results["rows"][-1]["errors"] = errs
+        print(f"  relative errors (of sum |k b|) against float64: {errs}", flush=True)
+        save()
+
+
+def chamfer_rows():
+    """The Chamfer distance of 4 pairs of 3-D clouds and its gradient, vmapped over the pairs."""
+    sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
+
+    def chamfer(x, y):
+        near_x = foldax.pairwise_reduce(sq, x, y, reduction="min")
+        near_y = foldax.pairwise_reduce(sq, y, x, reduction="min")
+        return jnp.mean(near_x) + jnp.mean(near_y)
+
+    for n in (16_384,) if QUICK else (16_384, 98_304):
+        xs, ys = normal((4, n, 3)), normal((4, n, 3))
+        ours = jax.vmap(jax.value_and_grad(chamfer, (0, 1)))
+        ways = {"foldax": ours, "foldax_xla": with_impl("xla", ours)}
+        row(f"chamfer+grad 4 pairs N={n}", ways, (xs, ys))
+        ways = {"foldax": jax.vmap(chamfer), "foldax_xla": with_impl("xla", jax.vmap(chamfer))}
+        row(f"chamfer 4 pairs N={n}", ways, (xs, ys))
 
 
 def sweep():
@@ -378,7 +425,10 @@ def sweep():
     x = normal((98_304, 3), scale=0.3)
     b = normal((98_304, 1))
     gauss = lambda a, c: jnp.exp(-jnp.sum((a - c[0]) ** 2)) * c[1]  # noqa: E731
-    for rows, cols in ((512, 512), (1024, 512), (512, 1024), (1024, 1024), (256, 512), (2048, 512)):
+    only = os.environ.get("SWEEP", "attn,attn_causal,lce,gauss").split(",")
+    kc._VMEM_BUDGET = int(os.environ.get("SWEEP_VMEM_MIB", "48")) * 2**20
+    sizes = ((512, 512), (1024, 512), (512, 1024), (1024, 1024), (256, 512), (2048, 512))
+    for rows, cols in (*sizes, (1024, 2048), (2048, 1024), (512, 2048)):
         kc.DEFAULT_BLOCKS = kc.BlockSizes(rows, cols)
         ways = {
             "attn": (lambda q, k, v: foldax.dot_product_attention(q, k, v), (q, k, v)),
@@ -393,8 +443,9 @@ def sweep():
             ),
         }
         for name, (f, args) in ways.items():
-            row(f"sweep {rows}x{cols} {name}", {"foldax": f}, args)
-    kc.DEFAULT_BLOCKS = kc.BlockSizes()
+            if name in only:
+                row(f"sweep {rows}x{cols} {name}", {"foldax": f}, args)
+    kc.DEFAULT_BLOCKS, kc._VMEM_BUDGET = kc.BlockSizes(), 48 * 2**20
 
 
 SECTIONS = {
@@ -404,6 +455,7 @@ SECTIONS = {
     "segments": segments_rows,
     "lce": lce_rows,
     "gauss": kernel_sum_rows,
+    "chamfer": chamfer_rows,
     "sweep": sweep,
 }
 

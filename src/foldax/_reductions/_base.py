@@ -147,6 +147,16 @@ class Monoid:
         reducing ``mask`` down its columns (what an accelerator kernel's tile takes)."""
         return self.reduce(v, mask, *index)
 
+    def reduce_in_kernel(self, v, mask, cols, *index):
+        """A tile's :meth:`reduce` as an accelerator kernel computes it (``cols``: ``None``
+        under a pair mask, else as :meth:`reduce_columns` takes it). A monoid whose ``reduce``
+        is shaped for XLA:CPU (column numbers in float32, chunked reshapes, gathers of a
+        tile's indices) overrides it with the same state of operations Mosaic lowers: integer
+        iotas and reductions along the tile's columns."""
+        if cols is None:
+            return self.reduce(v, mask, *index)
+        return self.reduce_columns(v, mask, cols, *index)
+
     #: A monoid whose outputs begin with this one's and say more, that a fold being
     #: differentiated is computed with so that its derivative rules can read the rest (where a
     #: max is, by index); ``None``: this one.

@@ -177,6 +177,25 @@ class _ExtremumAndIndex(_Extremum):
         up = jnp.max(rest, axis=1) if self.is_max else jnp.min(rest, axis=1)
         return (m, c, _index_of(index, first, t), _index_of(index, second, t), up)
 
+    def reduce_in_kernel(self, v, mask, cols, index):
+        # reduce's state from integer reductions: the lowest and highest index of the values
+        # attaining the extreme are its only one's, or its two's
+        w, m, hit = _tile_extreme(v, mask, self.is_max)
+        at = _cells_index(index, v.ndim)
+        c = jnp.sum(hit, axis=1, dtype=jnp.int32)
+        low = jnp.min(jnp.where(hit, at, NO_INDEX), axis=1)
+        high = jnp.max(jnp.where(hit, at, -1), axis=1)
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            nan = jnp.any(w != w, axis=1)
+            m = jnp.where(nan, jnp.asarray(np.nan, v.dtype), m)
+            c = jnp.where(nan, 0, c)
+        first = jnp.where((c == 1) | (c == 2), low, NO_INDEX)
+        second = jnp.where(c == 2, high, NO_INDEX)
+        ident = jnp.asarray(self._identity(v.dtype), v.dtype)
+        rest = jnp.where(hit, ident, w)
+        up = jnp.max(rest, axis=1) if self.is_max else jnp.min(rest, axis=1)
+        return (m, c, first, second, up)
+
     @staticmethod
     def _two_lowest(a, b):
         """The two lowest indices of two pairs ``(lowest, second lowest)``: the lower lowest,
@@ -336,6 +355,21 @@ class ArgExtremum(Monoid):
         best = jnp.where(r < t, jnp.asarray(np.nan, v.dtype), best)
         return (best, _index_of(index, jnp.where(r < 2 * t, r % t, t), t))
 
+    #: its kernel form (:meth:`reduce_in_kernel`) finds the first index by an integer min
+    pallas = True
+
+    def reduce_in_kernel(self, v, mask, cols, index):
+        # reduce's state: the first NaN's index where there is one, else the first hit's
+        w, best, hit = _tile_extreme(v, mask, self.is_max)
+        at = _cells_index(index, v.ndim)
+        first = jnp.min(jnp.where(hit, at, NO_INDEX), axis=1)
+        if jnp.issubdtype(v.dtype, jnp.floating):
+            first_nan = jnp.min(jnp.where(w != w, at, NO_INDEX), axis=1)
+            nan = first_nan != NO_INDEX
+            best = jnp.where(nan, jnp.asarray(np.nan, v.dtype), best)
+            first = jnp.where(nan, first_nan, first)
+        return (best, first)
+
     def _same(self, a, b):
         eq = a == b
         if jnp.issubdtype(a.dtype, jnp.floating):
@@ -374,6 +408,12 @@ class ArgExtremum(Monoid):
 
     def tangent(self, v, dv, mask, info, index):
         return (None,)  # an index has no derivative
+
+
+def _cells_index(index, ndim):
+    """The global index of each cell of a tile ``(G, T, *F)`` of ``ndim`` axes whose columns
+    have the indices ``index`` ``(T,)``, broadcastable against it."""
+    return _expand(index.reshape(1, -1), ndim)
 
 
 def _index_of(index, pos, t):

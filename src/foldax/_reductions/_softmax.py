@@ -75,6 +75,15 @@ class SoftmaxSum(Monoid):
             acc = jnp.einsum("ij,ij...->i...", w_v, val, preferred_element_type=val_acc)
         return (m, jnp.sum(w, axis=1), acc)
 
+    def reduce_columns(self, v, mask, cols, *index):
+        # a kernel's tile pads its last block of y with copies of a row: their weights are 0,
+        # and so must their values be (0 * inf is NaN), one where on the (bj, *F) values
+        if not self.shared:
+            return self.reduce(v, mask)
+        lg, val = v
+        keep = cols.reshape(cols.shape[:1] + (1,) * (val.ndim - 1))
+        return self.reduce((lg, jnp.where(keep, val, jnp.zeros((), val.dtype))), mask)
+
     @staticmethod
     def _factor(st, m):
         """The rescaling of state ``st`` to the running max ``m``; 0 where ``st`` is empty (its

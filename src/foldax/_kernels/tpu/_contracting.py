@@ -219,9 +219,8 @@ def _monoid_step(spec, geo, finish, out_avals):
     def update(c, xs, ys, mask, cols, index, state):
         vals = body(c, xs, ys, mask, index)[0]
         args = (index,) if with_index else ()
-        if spec.pair_mask is not None:
-            return mon.combine(state, mon.reduce(vals, mask, *args))
-        return mon.combine(state, mon.reduce_columns(vals, mask, cols, *args))
+        cols = None if spec.pair_mask is not None else cols
+        return mon.combine(state, mon.reduce_in_kernel(vals, mask, cols, *args))
 
     def shaped(avals):
         row_aval = mon.value_aval(jax.eval_shape(body, *avals)[0])
