@@ -349,3 +349,21 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
         refused = bool(kernels.refusals())
         assert refused == (kernels_expected == 0)
         assert not refused or "stablehlo.while" in text  # the XLA loop in its place
+
+
+@pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
+@pytest.mark.parametrize("reduction", ["sum", "max", "min"])
+@pytest.mark.parametrize("indices_are_sorted", [False, True])
+def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sorted):
+    """Lowered for a TPU, a segment reduction of rows that exist (no ``fn``) and its gradient
+    are ``jax.ops``' own program: one scatter (or gather), no loop, the sorted ids promised."""
+    fn = getattr(foldax, f"segment_{reduction}")
+    f = lambda x, ids: fn(x, ids, 40, indices_are_sorted=indices_are_sorted)  # noqa: E731
+    x = jax.ShapeDtypeStruct((1000, 8), jnp.float32)
+    ids = jax.ShapeDtypeStruct((1000,), jnp.int32)
+    for g in (f, jax.grad(lambda x, ids: jnp.sum(f(x, ids)))):
+        text = jax.jit(g).trace(x, ids).lower(lowering_platforms=("tpu",)).as_text()
+        assert "stablehlo.while" not in text
+        assert '"stablehlo.scatter"' in text or '"stablehlo.gather"' in text
+        sorted_flag = f"indices_are_sorted = {str(indices_are_sorted).lower()}"
+        assert g is not f or sorted_flag in text

@@ -8,9 +8,10 @@ is this scatter). Such a fold carries ``Spec.direct``; :class:`foldax._engine._p
 lowers it here, and its derived folds are direct too (the tangent of a scatter-add is the
 scatter-add of the tangent rows, its transpose the gather of the cotangent).
 
-Only a fold that is not batched, and lowered for CPU, is lowered directly (XLA:GPU's scatter-add
-into few segments has been reported far slower than the walk; the primitive registers a CPU
-lowering of its own, :mod:`._registration`). Under ``vmap`` XLA's scatter wants the
+Only a fold that is not batched, and lowered for CPU (or for a TPU, the kinds that are
+``jax.ops``' own program), is lowered directly (XLA:GPU's scatter-add into few segments has been
+reported far slower than the walk; the primitive registers a CPU and a TPU lowering of its own,
+:mod:`._registration`). Under ``vmap`` XLA's scatter wants the
 scattered axis outermost and copies the whole batch of rows to get it (``(B, N) -> (N, B)``),
 where the tile walk stays within the budget and is faster too; a batched fold keeps the walk.
 
@@ -229,10 +230,18 @@ def lower(kind, out_avals, plan, arrays, consts, slots, rows):
 _PER_ROW = ("whole", "scatter_logsumexp", "scatter_logmeanexp", "lse_gather")
 
 
+#: the kinds that are ``jax.ops``' own program (a scatter, its tangent and its transpose, a
+#: scatter-max or -min): lowered directly on a TPU too, where the walk of plain rows took 5x
+#: ``jax.ops``' time (38x with sorted ids)
+_JAX_OPS = ("scatter", "scatter_tangent", "gather", "scatter_max", "scatter_min")
+
+
 def applies(kind, spec, platform, row_bytes=None) -> bool:
     """Whether a fold of ``kind`` (or ``None``) lowers directly: unbatched, on one device, on
-    CPU (XLA:GPU's scatter-add into few segments has been reported far slower than the walk:
-    there the walk stays until a device measurement says otherwise).
+    CPU, or on a TPU for the kinds that are ``jax.ops``' own program (XLA:GPU's scatter-add into
+    few segments has been reported far slower than the walk: there the walk stays until a
+    device measurement says otherwise; so do, on a TPU, the kinds that hold an intermediate
+    per row, whose memory the walk bounds).
 
     A kind that holds an intermediate per row (a gathered state, an exponential: what the
     ``jax.ops`` program holds too, or less) also needs no explicit ``chunk_size`` and, under a
@@ -241,7 +250,7 @@ def applies(kind, spec, platform, row_bytes=None) -> bool:
     promises the direct program keeps too."""
     plain = (
         kind is not None
-        and platform == "cpu"
+        and (platform == "cpu" or (platform == "tpu" and kind in _JAX_OPS))
         and spec.scale == 1
         and not (spec.axes or spec.ring)
         and spec.pair_mask is None
