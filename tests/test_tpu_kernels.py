@@ -324,9 +324,9 @@ def test_block_sizes_fit_the_vmem_budget():
 def test_lowered_for_a_tpu_kernels_or_the_loop():
     """Lowered for a TPU (from this CPU: no TPU needed to lower), attention takes its kernels
     (the forward fold, the gradient's two passes), and so does a differentiated min (its
-    indices, which the gradient reads); a fold whose kernel Pallas cannot lower (a kernel
-    that sorts) takes the XLA loop in its place, in a module that verifies, and the refusal
-    is kept."""
+    indices, which the gradient reads, and the pass over the rows where three or more tie,
+    restricted to them); a fold whose kernel Pallas cannot lower (a kernel that sorts) takes
+    the XLA loop in its place, in a module that verifies, and the refusal is kept."""
     from foldax._kernels import tpu as kernels
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
@@ -337,7 +337,7 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
     sorting = lambda x, y: foldax.pairwise_reduce(least, x, y, reduction="min")  # noqa: E731
     cases = (
         (jax.grad(lambda q: jnp.sum(attention(q).astype(jnp.float32))), (q,), 3),
-        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 1),
+        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 2),
         (jax.grad(lambda x, y: jnp.sum(sorting(x, y))), (x, x), 0),
     )
     for f, args, kernels_expected in cases:

@@ -88,10 +88,11 @@ def _floats(fold, primals, outs, tangents_in):
     per_output = list(mon.picked_tangent(info, dv))
     many = mon.streamed_rows(info)
     if many is not None:
-        streamed = _restricted(fold, many)._tangents(
-            (arrays, (*consts, many), slots, rows),
+        flags = many.astype(jnp.int32)  # (a keyed const: 32 bits, as a kernel reads it)
+        streamed = _restricted(fold, flags)._tangents(
+            (arrays, (*consts, flags), slots, rows),
             outs,
-            (tangents_in[0], (*tangents_in[1], _zero_like(many)), *tangents_in[2:]),
+            (tangents_in[0], (*tangents_in[1], _zero_like(flags)), *tangents_in[2:]),
         )[0]
         for o, (t, s) in enumerate(zip(per_output, streamed, strict=False)):
             if t is not None:
@@ -139,19 +140,20 @@ def _zero_like(a):
 
 
 def _restricted(fold, rows):
-    """``fold`` (unbatched) with its pairs restricted to the slots where ``rows`` holds, an
-    extra const after the fold's own (a derived fold's tangents follow it); the blocks of
-    other slots are skipped."""
+    """``fold`` (unbatched) with its pairs restricted to the slots where ``rows`` (int32, one
+    per slot) is not 0, an extra const after the fold's own (a derived fold's tangents follow
+    it), read at each pair's slot (``Spec.keyed``: a kernel reads it block by block); the
+    blocks of other slots are skipped."""
     spec = fold.spec
     at = len(fold.in_avals[1])
     mask, live = spec.pair_mask, spec.block_live
 
     def pair_mask(consts, i, j, **take):
-        keep = consts[at][i]
+        keep = take.get("take", _at)(consts[at], i) != 0
         return keep if mask is None else keep & mask(consts, i, j, **take)
 
     def block_live(consts, i0, j0, bi, bj):
-        some = jnp.any(jax.lax.dynamic_slice_in_dim(consts[at], i0, bi))
+        some = jnp.any(jax.lax.dynamic_slice_in_dim(consts[at], i0, bi) != 0)
         live_j = jnp.ones(j0.shape, jnp.bool_) if live is None else live(consts, i0, j0, bi, bj)
         return some & live_j
 
@@ -159,4 +161,9 @@ def _restricted(fold, rows):
     listed = None if mask is not None and live is None else block_live
     arrays, consts, slots, rows_avals = fold.in_avals
     avals = (arrays, (*consts, _aval(rows)), slots, rows_avals)
-    return type(fold)(spec.replace(pair_mask=pair_mask, block_live=listed), avals)
+    keyed = (*spec.keyed, (at, 0))
+    return type(fold)(spec.replace(pair_mask=pair_mask, block_live=listed, keyed=keyed), avals)
+
+
+def _at(a, i):
+    return a[i]
