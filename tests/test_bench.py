@@ -63,7 +63,7 @@ def test_quick_run_measures_every_workload(quick_run):
             peer = r["impl"] in _bench_lm_loss.PEER_OF
             assert r["rel_err"] is None or peer or r["rel_err"] < 1e-3, r
     impls = {r["impl"] for r in results["workloads"]["seed"]}
-    assert {"global-max segment_sum", "pad-and-scan", "slicing loop", "foldax"} <= impls
+    assert {"global-max segment_sum", "pad-and-scan", "foldax"} <= impls  # (loop: full runs)
     sharded = results["workloads"]["sharded"]
     assert {r["devices"] for r in sharded} == {1, 8}
     assert not any(r["all_gather"] for r in sharded)
@@ -199,7 +199,7 @@ def test_overhead_steps_count_its_calls():
     """``_steps`` counts the overhead workload's calls at each of its sizes."""
     from foldax._tools.bench import _overhead
 
-    for n in _overhead._OVERHEAD_CALLS:
+    for n in _bench.TINY.overhead_sizes:
         assert len(_overhead._overhead_calls(n, _bench.TINY)) == _overhead._CALLS_PER_SIZE
     assert len(_overhead._compile_cases(_bench.TINY)) == len(_overhead._COMPILE_ONLY)
 

@@ -68,17 +68,21 @@ class Config:
     lm_cases: tuple = _lm_cases((4096, 8192), (32768, 131072))
     lm_d: int = 512
     lm_repeats: int = 3
+    # the N of the calls whose overhead is measured (pairwise: min(N, overhead_pairs))
+    overhead_sizes: tuple = (1_000, 100_000)
 
 
 FULL = Config(
     7, ((1, 1, True), (10, 1, False)), 50_000_000, (64, 256, 512), 256, 1024, 20_000, 4096, (10, 1)
 )
-#: A quick run: every case at smaller sizes than a full run's (its figures compare with each
+#: A quick run: the cases at smaller sizes than a full run's (its figures compare with each
 #: other, not with a full run's), each time a median of 5 runs (fewer say little on a machine
-#: that is doing anything else).
+#: that is doing anything else); under 2 minutes on 2 cores, where most of a step is compiling:
+#: the seed at its own size alone, without its slicing loop (which compiles a slice per
+#: segment: 20 of 150 s), calls' overhead at one size, fewer k-min, LM-loss and packed cases.
 QUICK = Config(
     5,
-    ((1, 10, True), (1, 1, False)),
+    ((1, 1, False),),
     2_000_000,
     (32, 128),
     32,
@@ -88,16 +92,18 @@ QUICK = Config(
     (1, 10),
     2000,
     (100_000, 10_000),
-    (512, 1024),
+    (512,),
     10,
     likelihood_shrink=10,
-    kmin_ks=(5, 64),
+    kmin_ks=(5, 16),
     keops_n=2000,
-    keops_digits=(6000, 100),
-    keops_chamfer=(8, 2000, 3000),
+    keops_rs=(1, 32),
+    keops_digits=(3000, 100),
+    keops_chamfer=(4, 2000, 3000),
     keops_floor=1024,
-    lm_cases=_lm_cases((512, 1024), (4096, 16384)),
-    lm_repeats=5,
+    lm_cases=_lm_cases((512,), (4096, 16384)),
+    lm_repeats=3,
+    overhead_sizes=(1_000,),
 )
 #: The test suite's run: every case of a quick run (the same cases, so the same steps), at the
 #: smallest sizes that still exercise each. Not a command-line option: ``--quick`` runs it when
@@ -106,7 +112,7 @@ QUICK = Config(
 TINY = dataclasses.replace(
     QUICK,
     repeats=1,
-    seed_cases=((1, 1000, True), (1, 100, False)),
+    seed_cases=((1, 100, False),),
     precomputed_n=20_000,
     s4_ns=(8, 16),
     s4_h=4,
@@ -116,7 +122,7 @@ TINY = dataclasses.replace(
     sharded=(1, 1000),
     overhead_pairs=200,
     graph=(2_000, 200),
-    packed=(64, 128),
+    packed=(64,),
     overhead_shrink=1000,
     likelihood_shrink=1000,
     kmin_ks=(5, 16),
@@ -126,7 +132,7 @@ TINY = dataclasses.replace(
     keops_chamfer=(2, 100, 150),
     keops_floor=64,
     # V a multiple of 2048, Tokamax's vocabulary block (see lm_loss's note)
-    lm_cases=_lm_cases((64, 128), (2048, 4096)),
+    lm_cases=_lm_cases((64,), (2048, 4096)),
     lm_d=32,
     lm_repeats=1,
 )

@@ -59,8 +59,6 @@ def _overhead_calls(n, cfg):
     ]  # fmt: skip
 
 
-#: Sizes of the calls whose overhead is measured (N rows; pairwise: min(N, overhead_pairs)).
-_OVERHEAD_CALLS = (1_000, 100_000)
 #: The calls of ``_overhead_calls`` at each size.
 _CALLS_PER_SIZE = 5
 #: The steps of each call at each size: eager call, jitted call, compile.
@@ -69,10 +67,10 @@ _STEPS_PER_CALL = 3
 _COMPILE_ONLY = ("min", "argmin", "kmin", "ragged forward", "ragged gradient")
 
 
-def overhead_steps() -> int:
+def overhead_steps(cfg) -> int:
     """The progress steps of ``bench_overhead``: every call at every size, then the
     compile-only cases."""
-    return len(_OVERHEAD_CALLS) * _CALLS_PER_SIZE * _STEPS_PER_CALL + len(_COMPILE_ONLY)
+    return len(cfg.overhead_sizes) * _CALLS_PER_SIZE * _STEPS_PER_CALL + len(_COMPILE_ONLY)
 
 
 def _compile_seconds(make, args, repeats):
@@ -155,7 +153,7 @@ def bench_overhead(cfg: Config, prog: Progress) -> list[dict]:
     """What a call costs beside its work: eager and jitted call latency and compile time, foldax
     against the op a user would otherwise call, in turns in this one process."""
     rows = []
-    for n in _OVERHEAD_CALLS:
+    for n in cfg.overhead_sizes:
         for case, f, g, args in _overhead_calls(n, cfg):
             rows += _eager_and_jitted(case, f, g, args, cfg, prog)
     for case, pass_, impls in _compile_cases(cfg):

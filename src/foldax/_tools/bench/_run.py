@@ -64,7 +64,7 @@ def _steps(cfg: Config, only) -> int:
         "attention": 6,
         "packed": 2 * len(cfg.packed),
         # each call at each size (eager, jitted, compile), then the compile-only cases
-        "overhead": overhead_steps(),
+        "overhead": overhead_steps(cfg),
         "sharded": 1,
         # kernel matrix times V per R, k-NN in 3-D and 784-D, Chamfer: foldax and pykeops
         # (or its skip line) each; the floor: exp, multiply-add, foldax
