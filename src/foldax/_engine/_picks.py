@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._jax import Zero
-from ._spec import _aval, _is_float, _is_zero, _zero_tangent
+from ._spec import _aval, _is_float, _is_zero, _zero_tangent, take_at
 
 #: Bytes of gathered rows evaluated at once (more rows of slots are walked in a loop).
 GATHER_BYTES = 4 << 20
@@ -149,7 +149,7 @@ def _restricted(fold, rows):
     mask, live = spec.pair_mask, spec.block_live
 
     def pair_mask(consts, i, j, **take):
-        keep = take.get("take", _at)(consts[at], i) != 0
+        keep = take.get("take", take_at)(consts[at], i) != 0
         return keep if mask is None else keep & mask(consts, i, j, **take)
 
     def block_live(consts, i0, j0, bi, bj):
@@ -163,7 +163,3 @@ def _restricted(fold, rows):
     avals = (arrays, (*consts, _aval(rows)), slots, rows_avals)
     keyed = (*spec.keyed, (at, 0))
     return type(fold)(spec.replace(pair_mask=pair_mask, block_live=listed, keyed=keyed), avals)
-
-
-def _at(a, i):
-    return a[i]

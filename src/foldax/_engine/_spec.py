@@ -16,6 +16,11 @@ from ._budget import DEFAULT_BUDGET
 from ._plan import PlanSpec
 
 
+def take_at(a, i):
+    """A pair mask's ``take`` where none is given (see :class:`Spec`'s ``keyed``): ``a[i]``."""
+    return a[i]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Spec:
     """Everything static about a fold (hashed by identity).

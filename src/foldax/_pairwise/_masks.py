@@ -22,12 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _closure
+from .._engine._spec import take_at
 from . import _band
 from ._intervals import Range, block_test, evaluate
-
-
-def _take(a, i):
-    return a[i]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -60,7 +57,7 @@ class Masking:
         """The engine's ``pair_mask(consts, i, j)``, reading this masking's arrays from the
         fold's consts ``[start, start + len(self.consts))``."""
 
-        def pair_mask(consts, i, j, take=_take):
+        def pair_mask(consts, i, j, take=take_at):
             own = tuple(consts[start : start + len(self.consts)])
             keep = True
             if self.closed is not None:

@@ -125,7 +125,6 @@ TINY = dataclasses.replace(
     packed=(64,),
     overhead_shrink=1000,
     likelihood_shrink=1000,
-    kmin_ks=(5, 16),
     seed_segments=16,
     keops_n=200,
     keops_digits=(500, 50),
