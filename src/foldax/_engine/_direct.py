@@ -25,6 +25,8 @@ Kinds (the fold's arguments are ``(arrays, consts, slots, rows)``; ``arrays = (i
 * ``"scatter_max"`` / ``"scatter_min"``: outputs ``((extreme, count), (), ())`` per slot, the
   states of :class:`foldax._reductions.Max` / ``Min`` (a scatter-max, then a scatter-add of
   the rows that attain it; NaN wins and counts none, as the monoid's);
+* ``"scatter_mean"``: outputs ``((sum / count, count), (), ())`` per slot, those of
+  :class:`foldax._reductions.Mean`: two scatter-adds;
 * ``"scatter_logsumexp"`` / ``"scatter_logmeanexp"``: the outputs of
   :class:`foldax._reductions.LogSumExp` (result, max, log of the shifted sum[, count]): a
   scatter-max, then a scatter-add of ``exp(x - max)`` -- the per-segment shift kept;
@@ -53,6 +55,7 @@ DERIVED = {
     "scatter": {"jvp": "scatter_tangent", "vjp": "gather"},
     "scatter_max": _WHOLE,
     "scatter_min": _WHOLE,
+    "scatter_mean": _WHOLE,
     "scatter_logsumexp": _WHOLE,
     "scatter_logmeanexp": _WHOLE,
     "whole": _WHOLE,
@@ -154,6 +157,14 @@ def _extremum(is_max):
     return lower
 
 
+def _mean(ix, slots, rows):
+    """The mean's outputs ``(sum / count, count)`` (0 / 0 is NaN: the segment's ``empty``
+    fills it later), from two scatter-adds."""
+    s = ix.sum(rows[0])
+    count = ix.sum(jnp.ones(ix.ids.shape, jnp.int32))
+    return (s / count.reshape(count.shape + (1,) * (s.ndim - 1)).astype(s.dtype), count), (), ()
+
+
 def _logsumexp(mean):
     def lower(ix, slots, rows):
         x = rows[0]
@@ -212,6 +223,7 @@ _LOWER = {
     "gather": _sum_gather,
     "scatter_max": _extremum(True),
     "scatter_min": _extremum(False),
+    "scatter_mean": _mean,
     "scatter_logsumexp": _logsumexp(False),
     "scatter_logmeanexp": _logsumexp(True),
     "lse_gather": _lse_gather,
@@ -230,18 +242,29 @@ def lower(kind, out_avals, plan, arrays, consts, slots, rows):
 _PER_ROW = ("whole", "scatter_logsumexp", "scatter_logmeanexp", "lse_gather")
 
 
-#: the kinds that are ``jax.ops``' own program (a scatter, its tangent and its transpose, a
-#: scatter-max or -min): lowered directly on a TPU too, where the walk of plain rows took 5x
-#: ``jax.ops``' time (38x with sorted ids)
-_JAX_OPS = ("scatter", "scatter_tangent", "gather", "scatter_max", "scatter_min")
+#: the kinds lowered directly on a TPU too: ``jax.ops``' own programs (a scatter, its tangent
+#: and its transpose, a scatter-max or -min, a mean's two scatter-adds) and the gathers and
+#: scatters of the extrema's and log-sum-exps' derivatives, which XLA:TPU fuses into the rows'
+#: elementwise work (the walk of plain rows took 5x ``jax.ops``' time there, 38x with sorted ids)
+_ON_TPU = (
+    "scatter",
+    "scatter_tangent",
+    "gather",
+    "scatter_max",
+    "scatter_min",
+    "scatter_mean",
+    "whole",
+    "scatter_logsumexp",
+    "scatter_logmeanexp",
+    "lse_gather",
+)
 
 
 def applies(kind, spec, platform, row_bytes=None) -> bool:
     """Whether a fold of ``kind`` (or ``None``) lowers directly: unbatched, on one device, on
-    CPU, or on a TPU for the kinds that are ``jax.ops``' own program (XLA:GPU's scatter-add into
+    CPU, or on a TPU for the kinds measured there (``_ON_TPU``; XLA:GPU's scatter-add into
     few segments has been reported far slower than the walk: there the walk stays until a
-    device measurement says otherwise; so do, on a TPU, the kinds that hold an intermediate
-    per row, whose memory the walk bounds).
+    device measurement says otherwise).
 
     A kind that holds an intermediate per row (a gathered state, an exponential: what the
     ``jax.ops`` program holds too, or less) also needs no explicit ``chunk_size`` and, under a
@@ -250,7 +273,7 @@ def applies(kind, spec, platform, row_bytes=None) -> bool:
     promises the direct program keeps too."""
     plain = (
         kind is not None
-        and (platform == "cpu" or (platform == "tpu" and kind in _JAX_OPS))
+        and (platform == "cpu" or (platform == "tpu" and kind in _ON_TPU))
         and spec.scale == 1
         and not (spec.axes or spec.ring)
         and spec.pair_mask is None

@@ -75,7 +75,10 @@ class Mean(Monoid):
         return (self.finalize(st), st[1])
 
     def info(self, outputs):
-        return (_expand(outputs[1], outputs[0].ndim).astype(jnp.float32),)
+        # the count in the result's real dtype (float32 for half precision): a float64
+        # mean's gradient divides in float64
+        real = jnp.float64 if jnp.finfo(outputs[0].dtype).bits == 64 else jnp.float32
+        return (_expand(outputs[1], outputs[0].ndim).astype(real),)
 
     def row_cotangent(self, v, mask, info, g):
         (count,) = info

@@ -19,7 +19,7 @@ from jax import lax
 
 from .. import _closure, _engine, _shard
 from .._engine._budget import DEFAULT_BUDGET
-from .._reductions import LOGMEANEXP, LOGSUMEXP, MAX, MIN, SUM
+from .._reductions import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
 from .._reductions._base import _accumulator as accumulator
 from .._reductions._base import _finite_or_zero
 
@@ -140,7 +140,12 @@ def runs(fn, data, monoid, axes) -> str | None:
 _RUNS = {LOGSUMEXP: "runs_logsumexp", LOGMEANEXP: "runs_logmeanexp"}
 
 #: the scatter of each additive reduction, in a dtype that accumulates in itself
-_SCATTERS = {SUM: "scatter", LOGSUMEXP: "scatter_logsumexp", LOGMEANEXP: "scatter_logmeanexp"}
+_SCATTERS = {
+    SUM: "scatter",
+    MEAN: "scatter_mean",
+    LOGSUMEXP: "scatter_logsumexp",
+    LOGMEANEXP: "scatter_logmeanexp",
+}
 
 
 def _per_row(a, t):
