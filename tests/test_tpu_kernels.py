@@ -352,11 +352,11 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
 
 
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
-@pytest.mark.parametrize("reduction", ["sum", "max", "min"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "logsumexp", "softmax"])
 @pytest.mark.parametrize("indices_are_sorted", [False, True])
 def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sorted):
     """Lowered for a TPU, a segment reduction of rows that exist (no ``fn``) and its gradient
-    are ``jax.ops``' own program: one scatter (or gather), no loop, the sorted ids promised."""
+    are ``jax.ops``' own program: scatters and gathers, no loop, the sorted ids promised."""
     fn = getattr(foldax, f"segment_{reduction}")
     f = lambda x, ids: fn(x, ids, 40, indices_are_sorted=indices_are_sorted)  # noqa: E731
     x = jax.ShapeDtypeStruct((1000, 8), jnp.float32)

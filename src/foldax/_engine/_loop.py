@@ -109,6 +109,8 @@ def _run(spec, units, out_avals, arrays, consts, slots, rows, whole=0):
         zero = jnp.zeros((), jnp.int32)
         if spec.plan.kind != "dense":
             body = lambda c, x: step(plan, rows, c, x)  # noqa: E731
+            if plan.steps == 1:  # (every row in one step: no loop at all)
+                return body((carry, zero), None)[0][0]
             return lax.scan(body, (carry, zero), None, length=plan.steps)[0][0]
 
         def outer(c, _):  # one block of slots: its states carried through the j loop
