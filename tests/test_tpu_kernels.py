@@ -302,14 +302,56 @@ def test_attention_implementation_argument(rng, lowered):
         assert lowered[0] == 1
 
 
-def test_what_no_kernel_serves_takes_the_loop(rng, lowered):
-    """A reduction no kernel folds (the k smallest) takes the XLA fold, and is right."""
-    x, y, _ = data(rng, d=3)
-    f = lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction="kmin", k=3)  # noqa: E731
-    ours, theirs = kernel_and_xla(f, x, y)
-    assert lowered[0] == 0
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        np.testing.assert_array_equal(a, b)
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_k_smallest(rng, lowered, k):
+    """The k smallest distances and their indices by the kernel's rounds of integer
+    reductions, ascending, ties by the lower index, NaN last, a row's missing entries (fewer
+    columns than k, a mask) empty: equal to the XLA fold's and to a float64 sort."""
+    x, y, _ = data(rng, WIDE, d=3)
+    y[400], y[650] = y[3], y[3]  # three equal distances, across blocks
+    x[20] = y[3] + 0.01
+    x[299, 1] = np.nan
+    few = lambda t, s: (s < 7) | (t < 100)  # noqa: E731  (rows from 100 on: 7 columns)
+    ways = {
+        "all": lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction="kmin", k=k),
+        "masked": lambda x, y: foldax.pairwise_reduce(
+            sqdist, x, y, reduction="kmin", k=k, mask=few
+        ),
+    }
+    z = ((x[:, None].astype(np.float64) - y[None]) ** 2).sum(-1)
+    for name, f in ways.items():
+        with _engine.implementation(IMPL), wide():
+            ours = jax.jit(lambda *a, f=f: f(*a))(x, y)
+        with _engine.implementation("xla"), wide():
+            theirs = jax.jit(lambda *a, f=f: f(*a))(x, y)
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        zz = (
+            np.where(few(np.arange(M)[:, None], np.arange(N)[None]), z, np.inf)
+            if name == "masked"
+            else z
+        )
+        want_i = np.argsort(zz, axis=1, kind="stable")[:, :k]
+        live = np.take_along_axis(zz, want_i, 1) < np.inf
+        np.testing.assert_array_equal(ours[1][:299][live[:299]], want_i[:299][live[:299]])
+        assert np.all(ours[1][:299][~live[:299]] == np.iinfo(np.int32).max)
+        assert np.isnan(ours[0][299, 0]) and ours[1][299, 0] == 0  # NaN last: every one NaN
+    assert lowered[0] == 2
+
+
+@pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
+def test_a_kernel_tested_interpreted_only_is_taken_when_asked():
+    """The k smallest's kernel, not yet compiled on a TPU, is lowered for one only when the
+    kernels are asked for; otherwise the XLA loop."""
+    x = jax.ShapeDtypeStruct((300, 3), jnp.float32)
+    for impl, kernels in ((None, 0), ("xla", 0), ("pallas", 1)):
+        f = lambda x, y, impl=impl: foldax.pairwise_reduce(  # noqa: E731
+            sqdist, x, y, reduction="kmin", k=5, implementation=impl
+        )
+        text = jax.jit(f).trace(x, x).lower(lowering_platforms=("tpu",)).as_text()
+        assert text.count("tpu_custom_call") == kernels
+    with pytest.raises(ValueError, match="pairwise_reduce: implementation='gpu'"):
+        foldax.pairwise_reduce(sqdist, np.ones((3, 2)), np.ones((3, 2)), implementation="gpu")
 
 
 def test_block_sizes_fit_the_vmem_budget():

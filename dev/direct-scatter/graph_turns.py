@@ -31,8 +31,15 @@ def plain_lse(x, ids, n):
     return m + jnp.log(jax.ops.segment_sum(jnp.exp(x - m[ids]), ids, n))
 
 
+def plain_mean(x, ids, n):
+    """A mean with jax.ops: two sums (the count of each segment at least 1)."""
+    count = jax.ops.segment_sum(jnp.ones(x.shape[:1], x.dtype), ids, n)
+    return jax.ops.segment_sum(x, ids, n) / jnp.maximum(count, 1)[:, None]
+
+
 PEERS = {
     "segment_sum": jax.ops.segment_sum,
+    "segment_mean": plain_mean,
     "segment_max": jax.ops.segment_max,
     "segment_min": jax.ops.segment_min,
     "segment_logsumexp": plain_lse,

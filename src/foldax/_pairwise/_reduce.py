@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _eager, _shard
+from .. import _eager, _engine, _shard
+from .._engine._implementation import check as check_implementation
 from .._reductions import Monoid, SoftmaxSum, WeightedLogSumExp
 from ._kernel import (
     _check_kernel_output,
@@ -64,6 +65,7 @@ def pairwise_reduce(
     mask: Callable[[Any, Any], Any] | None = None,
     segment_ids: Any = None,
     axis_name: str | tuple[str, ...] | None = None,
+    implementation: str | None = None,
 ) -> Array | tuple[Array, Array]:
     """Reduce ``kernel(x[i], y[j])`` over ``j`` for every ``i``, without the ``(M, N)`` matrix.
 
@@ -119,6 +121,10 @@ def pairwise_reduce(
         along it, and the states are all-reduced (indices are global). Under ``jax.jit``,
         sharded ``x`` and ``y`` are distributed without it: over different mesh axes, or over
         the same ones as a ring (the blocks of ``y`` go round the devices).
+      implementation: ``None``: the fastest for the platform (Pallas kernels on a TPU for the
+        reductions they serve, the streamed XLA fold elsewhere); ``"xla"``: the XLA fold
+        everywhere; ``"pallas"``: the kernels wherever one serves the reduction (in Pallas'
+        interpret mode off a TPU: slow, for tests), the XLA fold where none does.
 
     Returns:
       ``(M, *F)`` for sum / logsumexp / max / min / softmax (``F`` of the value); ``(M, *F)``
@@ -153,7 +159,10 @@ def pairwise_reduce(
       >>> foldax.pairwise_reduce(lambda a, b: jnp.sum((a - b) ** 2), x, y, reduction="argmin")
       Array([0, 0], dtype=int32)
     """
-    return reduce_pairs("foldax.pairwise_reduce", **locals())
+    options = dict(locals())
+    chosen = check_implementation("foldax.pairwise_reduce", options.pop("implementation"))
+    with _engine.implementation(chosen or _engine.current_implementation()):
+        return reduce_pairs("foldax.pairwise_reduce", **options)
 
 
 def reduce_pairs(

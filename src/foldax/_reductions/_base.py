@@ -101,11 +101,17 @@ class Monoid:
     accepts: str = "number"
     #: whether an accelerator kernel folds tiles with this monoid's own ``reduce`` / ``combine``
     #: / ``outputs`` (their code is elementwise work and reductions along a tile's columns, which
-    #: Mosaic lowers; :mod:`foldax._kernels.tpu`)
+    #: Mosaic lowers; :mod:`foldax._kernels.tpu`); ``"interpreted"``: a kernel form tested in
+    #: Pallas' interpret mode only, which a TPU takes when ``implementation="pallas"`` asks
     pallas = False
 
     def combine(self, a, b):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def combine_in_kernel(self, a, b):
+        """:meth:`combine` of a state and a tile's :meth:`reduce_in_kernel` as an accelerator
+        kernel computes it (a monoid whose ``combine`` sorts or gathers overrides it)."""
+        return self.combine(a, b)
 
     def only(self, state, value):
         """``combine(state, value)`` where ``state`` is the identity in every row ``value`` (a

@@ -98,6 +98,8 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     plan, mon = spec.plan, spec.monoid
     if plan.kind != "dense" or (mon is not None and not mon.pallas):
         return False
+    if mon is not None and mon.pallas == "interpreted" and spec.implementation != "pallas":
+        return False  # (not yet compiled on a TPU: only where the kernels are asked for)
     if spec.axes or spec.ring or spec.direct is not None or spec.slot_psum:
         return False
     arrays, consts, slots, rows = in_avals
@@ -220,7 +222,7 @@ def _monoid_step(spec, geo, finish, out_avals):
         vals = body(c, xs, ys, mask, index)[0]
         args = (index,) if with_index else ()
         cols = None if spec.pair_mask is not None else cols
-        return mon.combine(state, mon.reduce_in_kernel(vals, mask, cols, *args))
+        return mon.combine_in_kernel(state, mon.reduce_in_kernel(vals, mask, cols, *args))
 
     def shaped(avals):
         row_aval = mon.value_aval(jax.eval_shape(body, *avals)[0])
