@@ -339,6 +339,25 @@ def test_k_smallest(rng, lowered, k):
     assert lowered[0] == 2
 
 
+@pytest.mark.parametrize("reduction", ["kmin", "min", "argmin"])
+def test_nearest_in_many_dimensions(rng, lowered, reduction):
+    """In 40 dimensions the min family finds candidates by matrix products, ranks them exactly
+    and reduces the rows it cannot certify again (a fold restricted to them, by a boolean
+    per row read block by block): kernels for both, the results the XLA fold's."""
+    x, y, _ = data(rng, np.float32, d=40)
+    x[7] = y[11]  # a distance of 0 ...
+    y[500] = y[11]  # ... twice: a tie the candidates cannot certify alone
+    kw = {"k": 4} if reduction == "kmin" else {}
+    f = lambda x, y, impl: foldax.pairwise_reduce(  # noqa: E731
+        sqdist, x, y, reduction=reduction, implementation=impl, **kw
+    )
+    ours = jax.jit(lambda x, y: f(x, y, "pallas"))(x, y)  # (the k-min kernel: asked for)
+    theirs = jax.jit(lambda x, y: f(x, y, "xla"))(x, y)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert lowered[0] == 2  # the candidates' fold and the restricted one
+
+
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
 def test_a_kernel_tested_interpreted_only_is_taken_when_asked():
     """The k smallest's kernel, not yet compiled on a TPU, is lowered for one only when the

@@ -109,14 +109,17 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     if spec.pair_mask is not None and (spec.block_live is None or geo.gi * geo.gj > _MAX_TABLE):
         return False
     interpret = platform != "tpu"
-    if not all(_dtype_ok(a, interpret) for a in (*consts, *slots, *rows, *out_aval[2])):
+    keyed = [a for c, a in enumerate(consts) if c in geo.keyed]  # (read as 32-bit lanes)
+    if not all(_dtype_ok(a, interpret) or a.dtype == jnp.bool_ for a in keyed):
+        return False
+    whole = [a for c, a in enumerate(consts) if c not in geo.keyed]
+    if not all(_dtype_ok(a, interpret) for a in (*whole, *slots, *rows, *out_aval[2])):
         return False
     if any(a.ndim not in (1, 2) for a in (*slots, *rows)) or any(a.ndim > 2 for a in consts):
         return False
     sizes = (geo.m, geo.n)
     if any(consts[c].shape != (sizes[side],) for c, side in geo.keyed.items()):
         return False
-    whole = (a for c, a in enumerate(consts) if c not in geo.keyed)
     return sum(a.size * a.dtype.itemsize for a in whole) <= _MAX_CONST_BYTES
 
 
