@@ -109,8 +109,11 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     if spec.pair_mask is not None and (spec.block_live is None or geo.gi * geo.gj > _MAX_TABLE):
         return False
     interpret = platform != "tpu"
-    keyed = [a for c, a in enumerate(consts) if c in geo.keyed]  # (read as 32-bit lanes)
-    if not all(_dtype_ok(a, interpret) or a.dtype == jnp.bool_ for a in keyed):
+    # keyed consts are read as 32-bit lanes; booleans too where the kernels are asked for
+    # (not yet compiled on a TPU)
+    flags = interpret or spec.implementation == "pallas"
+    keyed = [a for c, a in enumerate(consts) if c in geo.keyed]
+    if not all(_dtype_ok(a, interpret) or (flags and a.dtype == jnp.bool_) for a in keyed):
         return False
     whole = [a for c, a in enumerate(consts) if c not in geo.keyed]
     if not all(_dtype_ok(a, interpret) for a in (*whole, *slots, *rows, *out_aval[2])):
