@@ -33,6 +33,18 @@ def save():
         json.dump(results, fh, indent=1)
 
 
+_row = run.row
+
+
+def row(*args):
+    """The runner's row, saved at once (a later step may not finish)."""
+    _row(*args)
+    save()
+
+
+run.row = row
+
+
 def err(a, b) -> float:
     """Largest difference relative to the largest magnitude (NaN if either is not finite),
     computed on the device (the arrays are GiBs)."""
