@@ -172,12 +172,4 @@ SECTIONS = {
 }
 
 if __name__ == "__main__":
-    print(results["device"], jax.__version__, results["libtpu"], flush=True)
-    asked = [name for name in SECTIONS if name in sys.argv]
-    for name in asked or list(SECTIONS):
-        try:
-            SECTIONS[name]()
-        except Exception as e:  # one family's failure does not lose the others' rows
-            print(f"{name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
-            results.setdefault("failures", []).append(f"{name}: {e}"[:3000])
-    save()
+    run.main(SECTIONS, save, list(SECTIONS))

@@ -496,12 +496,23 @@ SECTIONS = {
     "sweep": sweep,
 }
 
-if __name__ == "__main__":
+
+def main(sections, save, default):
+    """Run the sections named on the command line (else ``default``), each on its own: one
+    that fails is recorded and the others' rows are kept; then the kernels' refusals."""
     from foldax._kernels import tpu as kernels
 
     print(results["device"], jax.__version__, results["libtpu"], flush=True)
-    asked = [name for name in SECTIONS if name in sys.argv]
-    for name in asked or [name for name in SECTIONS if name != "sweep"]:
-        SECTIONS[name]()
+    for name in [name for name in sections if name in sys.argv] or default:
+        try:
+            sections[name]()
+        except Exception as e:
+            print(f"{name}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
+            results.setdefault("failures", []).append(f"{name}: {e}"[:3000])
+            save()
     results["refusals"] = [str(e)[:600] for e in kernels.refusals()]
     save()
+
+
+if __name__ == "__main__":
+    main(SECTIONS, save, [name for name in SECTIONS if name != "sweep"])

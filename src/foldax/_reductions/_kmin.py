@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _kmin_kernel as _kernel_form
 from ._base import NO_INDEX, Monoid, _ValuesAndIndices
 
 
@@ -159,13 +160,6 @@ def _next_entry(v, mask, index):
         return key, jnp.where(r < 2 * t, jnp.take(index, r % t, mode="clip"), NO_INDEX)
 
     return after
-
-
-def _least(keys, idx):
-    """Each row's least ``(key, index)`` ``(G, 1)`` of a kernel's state (see
-    ``KMin.combine_in_kernel``)."""
-    m = jnp.min(keys, axis=1, keepdims=True)
-    return m, jnp.min(jnp.where(keys == m, idx, NO_INDEX), axis=1, keepdims=True)
 
 
 def _lex_less(a, ai, b, bi):
@@ -421,49 +415,15 @@ class KMin(_ValuesAndIndices, Monoid):
         vals = jnp.where(keep, state[0], _from_key(keys, state[0].dtype))
         return vals, jnp.where(keep, state[1], idx)
 
-    # The kernel form (Mosaic has no sort, top-k or gather): k rounds of integer reductions
-    # along the lanes, each taking out the least (key, index) left.
-
-    #: tested interpreted; a TPU takes it when the kernels are asked for
+    #: its kernel form (:mod:`._kmin_kernel`) is tested interpreted; a TPU takes it when the
+    #: kernels are asked for
     pallas = "interpreted"
 
     def reduce_in_kernel(self, v, mask, cols, index):
-        """The tile's k best ``(values, indices)`` ``(G, k)``, ascending by (value, index):
-        per round, each row's least sort key, the lowest column holding it, taken out."""
-        keys, big = _sort_key(v), jnp.iinfo(_key_dtype(v.dtype)).max
-        at = jnp.broadcast_to(index.reshape(1, -1), v.shape)
-        live = mask
-        out_k, out_i, lane = self._empty(v.shape[0], big, keys.dtype)
-        for r in range(self.k):
-            m = jnp.min(jnp.where(live, keys, big), axis=1, keepdims=True)
-            i = jnp.min(jnp.where(live & (keys == m), at, NO_INDEX), axis=1, keepdims=True)
-            out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, i, out_i)
-            live = live & (at != i)
-        return _from_key(out_k, v.dtype), out_i
+        return _kernel_form.tile_best(self.k, v, mask, index)
 
     def combine_in_kernel(self, a, b):
-        """Two states' k best (their columns apart), merged in k rounds of their heads."""
-        ka, kb = _sort_key(a[0]), _sort_key(b[0])
-        big = jnp.iinfo(ka.dtype).max
-        ia, ib = a[1], b[1]
-        out_k, out_i, lane = self._empty(ka.shape[0], big, ka.dtype)
-        for r in range(self.k):
-            ma, ja = _least(ka, ia)
-            mb, jb = _least(kb, ib)
-            take_a = (ma < mb) | ((ma == mb) & (ja <= jb))
-            m, j = jnp.where(take_a, ma, mb), jnp.where(take_a, ja, jb)
-            out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, j, out_i)
-            gone_a = take_a & (ka == ma) & (ia == ja)
-            gone_b = ~take_a & (kb == mb) & (ib == jb)
-            ka, ia = jnp.where(gone_a, big, ka), jnp.where(gone_a, NO_INDEX, ia)
-            kb, ib = jnp.where(gone_b, big, kb), jnp.where(gone_b, NO_INDEX, ib)
-        return _from_key(out_k, a[0].dtype), out_i
-
-    def _empty(self, rows, big, dtype):
-        """Empty ``(rows, k)`` keys and indices, and each slot's lane number."""
-        shape = (rows, self.k)
-        lane = lax.broadcasted_iota(jnp.int32, shape, 1)
-        return jnp.full(shape, big, dtype), jnp.full(shape, NO_INDEX, jnp.int32), lane
+        return _kernel_form.merge(self.k, a, b)
 
     def _merge_tile(self, st, tile):
         """Fold a tile into the state. One float32 pass over the tile counts, per row, the

@@ -98,8 +98,10 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     plan, mon = spec.plan, spec.monoid
     if plan.kind != "dense" or (mon is not None and not mon.pallas):
         return False
-    if mon is not None and mon.pallas == "interpreted" and spec.implementation != "pallas":
-        return False  # (not yet compiled on a TPU: only where the kernels are asked for)
+    # what has not yet been compiled on a TPU is taken only where the kernels are asked for
+    asked = platform != "tpu" or spec.implementation == "pallas"
+    if mon is not None and mon.pallas == "interpreted" and not asked:
+        return False
     if spec.axes or spec.ring or spec.direct is not None or spec.slot_psum:
         return False
     arrays, consts, slots, rows = in_avals
@@ -109,11 +111,9 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     if spec.pair_mask is not None and (spec.block_live is None or geo.gi * geo.gj > _MAX_TABLE):
         return False
     interpret = platform != "tpu"
-    # keyed consts are read as 32-bit lanes; booleans too where the kernels are asked for
-    # (not yet compiled on a TPU)
-    flags = interpret or spec.implementation == "pallas"
+    # keyed consts are read as 32-bit lanes, booleans too (not yet compiled on a TPU)
     keyed = [a for c, a in enumerate(consts) if c in geo.keyed]
-    if not all(_dtype_ok(a, interpret) or (flags and a.dtype == jnp.bool_) for a in keyed):
+    if not all(_dtype_ok(a, interpret) or (asked and a.dtype == jnp.bool_) for a in keyed):
         return False
     whole = [a for c, a in enumerate(consts) if c not in geo.keyed]
     if not all(_dtype_ok(a, interpret) for a in (*whole, *slots, *rows, *out_aval[2])):

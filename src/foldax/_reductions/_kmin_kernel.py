@@ -1,0 +1,65 @@
+"""The k smallest as an accelerator kernel folds them (Mosaic lowers no sort, top-k or
+gather): k rounds of integer reductions along the lanes, each taking out the least
+``(sort key, index)`` left. States are ``(values, indices)`` ``(G, k)``, ascending by value
+then index, as :class:`foldax._reductions._kmin.KMin`'s; an empty slot is the largest key (a
+NaN, or an integer's max) with :data:`NO_INDEX`, and sorts last."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from . import _kmin  # (its sort keys; it imports this module: read at trace time)
+from ._base import NO_INDEX
+
+
+def tile_best(k, v, mask, index):
+    """A tile's k best ``(values, indices)`` ``(G, k)`` of its values ``v`` ``(G, T)`` where
+    ``mask``, its columns numbered ``index`` ``(T,)``: per round, each row's least sort key,
+    the lowest column holding it, taken out."""
+    big = jnp.iinfo(_kmin._key_dtype(v.dtype)).max
+    keys = jnp.where(mask, _kmin._sort_key(v), big)
+    at = jnp.where(mask, jnp.broadcast_to(index.reshape(1, -1), v.shape), NO_INDEX)
+    out_k, out_i, lane = _empty(k, v.shape[0], big, keys.dtype)
+    for r in range(k):
+        m, i = _least(keys, at)
+        out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, i, out_i)
+        keys, at = _taken_out(keys, at, m, i, True, big)
+    return _kmin._from_key(out_k, v.dtype), out_i
+
+
+def merge(k, a, b):
+    """Two states' k best (their columns apart), merged in k rounds of their heads."""
+    ka, kb = _kmin._sort_key(a[0]), _kmin._sort_key(b[0])
+    big = jnp.iinfo(ka.dtype).max
+    ia, ib = a[1], b[1]
+    out_k, out_i, lane = _empty(k, ka.shape[0], big, ka.dtype)
+    for r in range(k):
+        ma, ja = _least(ka, ia)
+        mb, jb = _least(kb, ib)
+        take_a = (ma < mb) | ((ma == mb) & (ja <= jb))
+        m, j = jnp.where(take_a, ma, mb), jnp.where(take_a, ja, jb)
+        out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, j, out_i)
+        ka, ia = _taken_out(ka, ia, ma, ja, take_a, big)
+        kb, ib = _taken_out(kb, ib, mb, jb, ~take_a, big)
+    return _kmin._from_key(out_k, a[0].dtype), out_i
+
+
+def _empty(k, rows, big, dtype):
+    """Empty ``(rows, k)`` keys and indices, and each slot's lane number."""
+    shape = (rows, k)
+    lane = lax.broadcasted_iota(jnp.int32, shape, 1)
+    return jnp.full(shape, big, dtype), jnp.full(shape, NO_INDEX, jnp.int32), lane
+
+
+def _least(keys, idx):
+    """Each row's least ``(key, index)`` ``(G, 1)``."""
+    m = jnp.min(keys, axis=1, keepdims=True)
+    return m, jnp.min(jnp.where(keys == m, idx, NO_INDEX), axis=1, keepdims=True)
+
+
+def _taken_out(keys, idx, m, j, taken, big):
+    """``(keys, idx)`` without the entry ``(m, j)`` where ``taken`` (an empty slot's key and
+    index in its place: it sorts last)."""
+    gone = taken & (keys == m) & (idx == j)
+    return jnp.where(gone, big, keys), jnp.where(gone, NO_INDEX, idx)
