@@ -320,7 +320,7 @@ def test_k_smallest(rng, lowered, k):
     }
     z = ((x[:, None].astype(np.float64) - y[None]) ** 2).sum(-1)
     for name, f in ways.items():
-        with _engine.implementation(IMPL), wide():
+        with _engine.implementation("pallas"), wide():  # (on a TPU: taken when asked for)
             ours = jax.jit(lambda *a, f=f: f(*a))(x, y)
         with _engine.implementation("xla"), wide():
             theirs = jax.jit(lambda *a, f=f: f(*a))(x, y)
@@ -382,23 +382,50 @@ def test_block_sizes_fit_the_vmem_budget():
 
 
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
+def test_blocks_fit_what_a_tile_keeps_live(monkeypatch):
+    """At the default blocks, a body that meets its features pair by pair (the gradient of a
+    Gaussian sum: ``(bi, 3, bj)`` values, each padded to 8 sublanes, none fused) gets blocks
+    small enough that what it keeps live fits VMEM; a body of ``(bi, bj)`` tiles (the min of
+    distances, features along the lanes) keeps its blocks."""
+    monkeypatch.setattr(_contracting, "DEFAULT_BLOCKS", _contracting.BlockSizes())
+    seen = []
+    real = _contracting._vmem_limit
+    monkeypatch.setattr(
+        _contracting, "_vmem_limit", lambda g, a, body: seen.append((g.b, body)) or real(g, a, body)
+    )
+    x = jax.ShapeDtypeStruct((20_000, 3), jnp.float32)
+    v = jax.ShapeDtypeStruct((20_000, 1), jnp.float32)
+    gsum = lambda x, v: jnp.sum(foldax.pairwise_reduce(gauss, x, (x, v), reduction="sum"))  # noqa: E731
+    near = lambda x: jnp.sum(foldax.pairwise_reduce(sqdist, x, x, reduction="min"))  # noqa: E731
+    for f, args in ((jax.grad(gsum), (x, v)), (near, (x,))):
+        seen.clear()
+        jax.jit(f).trace(*args).lower(lowering_platforms=("tpu",))
+        assert seen and all(body <= _contracting._BODY_BUDGET for _, body in seen)
+        grown = _contracting.BlockSizes() in {b for b, _ in seen}
+        assert grown == (f is near)
+
+
+@pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
 def test_lowered_for_a_tpu_kernels_or_the_loop():
     """Lowered for a TPU (from this CPU: no TPU needed to lower), attention takes its kernels
     (the forward fold, the gradient's two passes), and so does a differentiated min (its
-    indices, which the gradient reads, and the pass over the rows where three or more tie,
-    restricted to them); a fold whose kernel Pallas cannot lower (a kernel that sorts) takes
+    indices, which the gradient reads; and, where the kernels are asked for, the pass over the
+    rows where three or more tie, restricted to them); a fold whose kernel Pallas cannot lower (a kernel that sorts) takes
     the XLA loop in its place, in a module that verifies, and the refusal is kept."""
     from foldax._kernels import tpu as kernels
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
     attention = lambda q: foldax.dot_product_attention(q, q, q, is_causal=True)  # noqa: E731
     x = jax.ShapeDtypeStruct((300, 3), jnp.float32)
-    nearest = lambda x, y: foldax.pairwise_reduce(sqdist, x, y, reduction="min")  # noqa: E731
+    nearest = lambda x, y, impl=None: foldax.pairwise_reduce(  # noqa: E731
+        sqdist, x, y, reduction="min", implementation=impl
+    )
     least = lambda a, b: jnp.sort(a - b)[0]  # noqa: E731
     sorting = lambda x, y: foldax.pairwise_reduce(least, x, y, reduction="min")  # noqa: E731
     cases = (
         (jax.grad(lambda q: jnp.sum(attention(q).astype(jnp.float32))), (q,), 3),
-        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 2),
+        (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 1),
+        (jax.grad(lambda x, y: jnp.sum(nearest(x, y, "pallas"))), (x, x), 2),
         (jax.grad(lambda x, y: jnp.sum(sorting(x, y))), (x, x), 0),
     )
     for f, args, kernels_expected in cases:
@@ -415,13 +442,16 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
 @pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "logsumexp", "softmax"])
 @pytest.mark.parametrize("indices_are_sorted", [False, True])
-def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sorted):
-    """Lowered for a TPU, a segment reduction of rows that exist (no ``fn``) and its gradient
-    are ``jax.ops``' own program: scatters and gathers, no loop, the sorted ids promised."""
+def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sorted, monkeypatch):
+    """Traced and lowered for a TPU, a segment reduction of rows that exist (no ``fn``) and its
+    gradient are ``jax.ops``' own program: scatters and gathers, no loop, the sorted ids
+    promised; also where sorted ids make long contiguous segments of narrow rows, which the
+    CPU walks."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # (traced as on a TPU)
     fn = getattr(foldax, f"segment_{reduction}")
     f = lambda x, ids: fn(x, ids, 40, indices_are_sorted=indices_are_sorted)  # noqa: E731
-    x = jax.ShapeDtypeStruct((1000, 8), jnp.float32)
-    ids = jax.ShapeDtypeStruct((1000,), jnp.int32)
+    x = jax.ShapeDtypeStruct((20_000, 2), jnp.float32)
+    ids = jax.ShapeDtypeStruct((20_000,), jnp.int32)
     for g in (f, jax.grad(lambda x, ids: jnp.sum(f(x, ids)))):
         text = jax.jit(g).trace(x, ids).lower(lowering_platforms=("tpu",)).as_text()
         assert "stablehlo.while" not in text

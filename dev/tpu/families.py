@@ -88,7 +88,8 @@ def segment_rows():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((e, feat)), jnp.float32)
     names = os.environ.get("FAMILIES_SEGMENTS", ",".join(PEERS)).split(",")
-    for order in ("unsorted", "sorted"):
+    orders = os.environ.get("FAMILIES_ORDERS", "unsorted,sorted").split(",")
+    for order in orders:
         raw = rng.integers(0, v, e)
         ids = jnp.asarray(np.sort(raw) if order == "sorted" else raw, jnp.int32)
         kw = {"indices_are_sorted": True} if order == "sorted" else {}

@@ -413,8 +413,21 @@ def chamfer_rows():
     for n in (16_384,) if QUICK else (16_384, 98_304):
         xs, ys = normal((4, n, 3)), normal((4, n, 3))
         ours = jax.vmap(jax.value_and_grad(chamfer, (0, 1)))
-        ways = {"foldax": ours, "foldax_xla": with_impl("xla", ours)}
+        ways = {"foldax": ours, "foldax_pallas": with_impl("pallas", ours)}
+        if n < 50_000:  # (the XLA fold's gradient: ~3 s a call at 98k)
+            ways["foldax_xla"] = with_impl("xla", ours)
         row(f"chamfer+grad 4 pairs N={n}", ways, (xs, ys))
+        if "foldax_xla" in ways:  # the kernels' values and gradients against the XLA fold's
+            want = jax.tree.leaves(jax.jit(ways["foldax_xla"])(xs, ys))
+            for way in ("foldax", "foldax_pallas"):
+                try:
+                    got = jax.tree.leaves(jax.jit(ways[way])(xs, ys))
+                    errs = [float(jnp.max(jnp.abs(u - w))) for u, w in zip(got, want, strict=True)]
+                except Exception as e:
+                    errs = f"{type(e).__name__}: {str(e)[:300]}"
+                results["rows"][-1][f"{way}_errs_vs_xla"] = errs
+                print(f"  {way}: largest differences from the XLA fold: {errs}", flush=True)
+            save()
         ways = {"foldax": jax.vmap(chamfer), "foldax_xla": with_impl("xla", jax.vmap(chamfer))}
         row(f"chamfer 4 pairs N={n}", ways, (xs, ys))
 
@@ -438,7 +451,15 @@ def knn_rows():
 
         return jax.lax.map(one, q.reshape(-1, block, d))
 
-    ways = {"foldax_pallas": with_impl("pallas", ours), "lax.map": lmap, "foldax": ours}
+    ways = {"lax.map": lmap, "foldax_pallas": with_impl("pallas", ours), "foldax": ours}
+    for way, f in ways.items():  # (compile and one call, printed as they finish)
+        t0 = time.perf_counter()
+        g = jax.jit(f).lower(q, data).compile()
+        t1 = time.perf_counter()
+        jax.block_until_ready(g(q, data))
+        print(
+            f"  {way}: compile {t1 - t0:.1f} s, a call {time.perf_counter() - t1:.2f} s", flush=True
+        )
     row(f"knn k={k} {m}x{n} D={d}", ways, (q, data))
     got = jax.jit(ways["foldax_pallas"])(q, data)[1]
     want = jax.jit(ours)(q, data)[1]

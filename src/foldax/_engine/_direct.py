@@ -120,8 +120,9 @@ class _Index:
         """``a[ids]`` per row; a row dropped reads some slot (a clamped gather: ``jnp.take``'s
         ``fill`` mode costs 2-3x as much on CPU)."""
         if self.in_range:
-            return a.at[self.ids].get(mode="promise_in_bounds")
-        return jnp.take(a, jnp.clip(self.ids, 0, self.num_slots - 1), axis=0, mode="clip")
+            return a.at[self.ids].get(mode="promise_in_bounds", indices_are_sorted=self.sorted)
+        ids = jnp.clip(self.ids, 0, self.num_slots - 1)
+        return a.at[ids].get(mode="clip", indices_are_sorted=self.sorted)
 
     def keep(self, ndim):
         """Whether each row is kept, broadcastable against values of ``ndim`` dimensions."""

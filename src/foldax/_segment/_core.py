@@ -222,15 +222,21 @@ def _segment(
         name, n_global, segment_ids, num_segments, sizes, offsets, indices_are_sorted, n_rows, clip
     )
     chunk = _chunk(name, chunk_size)
-    # Known sorted ids (and static sizes / offsets) scatter by their ids on CPU; elsewhere their
-    # contiguous tiles stay.
+    # Known sorted ids (and static sizes / offsets) scatter by their ids on CPU where the walk
+    # is not faster, and always on a TPU (there the walk took 38x jax.ops' time); elsewhere
+    # their contiguous tiles stay.
     if normal:
         scatters = _fold.normalizes_by_scatters(fn, aval.dtype, axes, chunk, n, aval.shape[1:])
     else:
         scatters = bool(_fold.scatters(fn, aval.dtype, monoid, axes))
-    scatters = scatters and mesh is None and jax.default_backend() == "cpu"
-    if scatters and not _walks(part, n_global, aval.shape[1:], normal):
+    backend = jax.default_backend()
+    by_ids = scatters and mesh is None and backend in ("cpu", "tpu")
+    if by_ids and (backend == "tpu" or not _walks(part, n_global, aval.shape[1:], normal)):
         part = getattr(part, "by_ids", lambda: None)() or part
+    # jraph's softmax program (what a user writes with jax.ops) on CPU and TPU; the extrema's
+    # scatters with counts on CPU, where they were measured
+    softmax_rows = by_ids and normal
+    scatters = by_ids and backend == "cpu"
 
     if isinstance(part, _Empty):
         return _no_rows(monoid, normal, aval, part.num_segments, empty)
@@ -239,7 +245,7 @@ def _segment(
 
     def local(data, arrays, fn):
         plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
-        if normal and scatters and plan.kind == "rows":
+        if softmax_rows and plan.kind == "rows":
             return _fold.normalize_rows(name, data, plan, arrays, op == "log_softmax")
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)

@@ -43,6 +43,11 @@ _WIDE_DTYPES = frozenset(map(jnp.dtype, ("float64", "int64")))
 _MAX_CONST_BYTES = 2 * 2**20
 #: the most entries the table of live blocks may have (it lives in SMEM)
 _MAX_TABLE = 2**16
+#: What a tile's body may keep live at once in VMEM (see :func:`_peak`).
+_BODY_BUDGET = 40 * 2**20
+#: ... for a fold with keyed consts, whose kernel a vmap runs in a loop (one table per batch
+#: element), where the default scoped VMEM (16 MiB) holds
+_KEYED_BODY_BUDGET = 6 * 2**20
 #: VMEM a step's blocks and tiles are sized to (of v5e's 128 MiB)
 _VMEM_BUDGET = 48 * 2**20
 
@@ -110,10 +115,16 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     geo = _Geometry.of(spec, in_avals, blocks)
     if spec.pair_mask is not None and (spec.block_live is None or geo.gi * geo.gj > _MAX_TABLE):
         return False
+    if blocks is None and geo.tile_bytes(spec, in_avals) > _BODY_BUDGET:
+        return False  # (a body that meets many features pair by pair: not even 128 x 128 fits)
     interpret = platform != "tpu"
-    # keyed consts are read as 32-bit lanes, booleans too (not yet compiled on a TPU)
+    # keyed consts are read as 32-bit lanes, booleans too. Compiled on a TPU only at small
+    # blocks: under vmap their table differs per batch element and Pallas runs the kernel in a
+    # loop, where a full-size pass ran out of scoped VMEM; so taken there only when asked for.
     keyed = [a for c, a in enumerate(consts) if c in geo.keyed]
-    if not all(_dtype_ok(a, interpret) or (asked and a.dtype == jnp.bool_) for a in keyed):
+    if keyed and not asked:
+        return False
+    if not all(_dtype_ok(a, interpret) or a.dtype == jnp.bool_ for a in keyed):
         return False
     whole = [a for c, a in enumerate(consts) if c not in geo.keyed]
     if not all(_dtype_ok(a, interpret) for a in (*whole, *slots, *rows, *out_aval[2])):
@@ -154,7 +165,30 @@ class _Geometry:
         b = (blocks or DEFAULT_BLOCKS).fit(m, n, per_row(slots, 0), per_row(rows, axis))
         gi, gj = b.grid(m, n)
         lanes = spec.lanes_body is not None and axis == -1 and spec.monoid is not None
-        return cls(m, n, b, gi, gj, axis, lanes, dict(spec.keyed))
+        geo = cls(m, n, b, gi, gj, axis, lanes, dict(spec.keyed))
+        return geo if blocks is not None else geo.within_vmem(spec, in_avals)
+
+    def within_vmem(self, spec, in_avals):
+        """These blocks, halved (the longer first) while the tile's body would keep more than
+        :data:`_BODY_BUDGET` live in VMEM (one that meets its features pair by pair makes
+        ``(bi, F, bj)`` values, padded to 8 sublanes)."""
+        pair = self.tile_bytes(spec, in_avals) / (self.b.rows * self.b.cols)
+        rows, cols = self.b.rows, self.b.cols
+        budget = _KEYED_BODY_BUDGET if self.keyed else _BODY_BUDGET
+        while pair * rows * cols > budget and max(rows, cols) > 128:
+            rows, cols = (rows // 2, cols) if rows >= cols and rows > 128 else (rows, cols // 2)
+        if (rows, cols) == (self.b.rows, self.b.cols):
+            return self
+        b = BlockSizes(rows, cols)
+        gi, gj = b.grid(self.m, self.n)
+        return dataclasses.replace(self, b=b, gi=gi, gj=gj)
+
+    def tile_bytes(self, spec, in_avals) -> int:
+        """The VMEM bytes the fold's body keeps live at once for one tile."""
+        _, consts, slots, rows = in_avals
+        if self.lanes:  # (as lower passes them: slots last)
+            slots = [jax.ShapeDtypeStruct((*a.shape[1:], a.shape[0]), a.dtype) for a in slots]
+        return _body_bytes(spec, self, _tile_avals(spec, self, consts, slots, rows))
 
 
 def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
@@ -186,6 +220,35 @@ def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
             "rows", None if live is None else live.T, _sum_step(spec, geo, 2, out_aval[2])
         )
     return (slot_outs, (), row_outs)
+
+
+def _body_bytes(spec, geo, avals) -> int:
+    """The VMEM bytes the fold's body keeps live at once for a tile of ``avals``."""
+    body = spec.lanes_body if geo.lanes else spec.body
+    return _peak(jax.make_jaxpr(body)(*avals).jaxpr)
+
+
+def _peak(jaxpr) -> int:
+    """The most VMEM bytes a jaxpr's values (laid out as Mosaic lays them out, none fused: a
+    kernel holds each step's value whole) take at once, from each one's equation to its last
+    use; a jaxpr inside an equation counts at that equation."""
+    last = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.invars if not hasattr(v, "val")}
+    last.update({v: len(jaxpr.eqns) for v in jaxpr.outvars if not hasattr(v, "val")})
+    live, most, sizes = 0, 0, {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        inner = 0
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, tuple | list) else (p,):
+                if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+                    inner = max(inner, _peak(getattr(sub, "jaxpr", sub)))
+        out = {v: _layout.vmem_bytes(v.aval) for v in eqn.outvars if hasattr(v.aval, "shape")}
+        most = max(most, live + inner + sum(out.values()))
+        sizes.update(out)
+        live += sum(out.values())
+        for v in [*eqn.invars, *eqn.outvars]:
+            if not hasattr(v, "val") and v in sizes and last.get(v, -1) <= i:
+                live -= sizes.pop(v)
+    return most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +369,8 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
         grid_spec=grid_spec,
         out_shape=outs,
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=_vmem_limit(geo, avals)
+            dimension_semantics=("parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(geo, avals, _body_bytes(spec, geo, avals)),
         ),
         interpret=interpret,
         name=f"foldax_{_identifier(spec.name)}_{outer}",
@@ -440,12 +504,13 @@ def _tile_mask(spec, geo, consts, i, j, by_slots):
     return mask, cols
 
 
-def _vmem_limit(geo, avals):
-    """Scoped VMEM for one step: its blocks double-buffered and a few float32 tiles."""
-    rows = sum(a.size * a.dtype.itemsize for a in avals[1])
-    cols = sum(a.size * a.dtype.itemsize for a in avals[2])
+def _vmem_limit(geo, avals, body):
+    """Scoped VMEM for one step: its blocks double-buffered (padded as Mosaic lays them out),
+    a few float32 tiles, and what the body keeps live (``body`` bytes)."""
+    rows = sum(_layout.vmem_bytes(a) for a in avals[1])
+    cols = sum(_layout.vmem_bytes(a) for a in avals[2])
     need = _step_bytes(geo.b.rows, geo.b.cols, rows / geo.b.rows, cols / geo.b.cols)
-    return int(min(100 * 2**20, max(32 * 2**20, 2 * need)))
+    return int(min(100 * 2**20, max(32 * 2**20, 2 * need, need + body)))
 
 
 @functools.cache

@@ -25,6 +25,14 @@ def lanes_up(a: int) -> int:
     return LANES * max(1, -(-a // LANES))
 
 
+def vmem_bytes(aval) -> int:
+    """The bytes an array of ``aval`` takes in VMEM: its last two axes in ``(8, 128)`` tiles of
+    32-bit words (a value ``(bi, bj, 3)`` takes 43 times its size)."""
+    shape = (1, 1, *aval.shape)
+    sub, lane = -(-shape[-2] // 8) * 8, lanes_up(shape[-1])
+    return math.prod(shape[:-2]) * sub * lane * max(4, jnp.dtype(aval.dtype).itemsize)
+
+
 def pad_rows(a, total, axis=0):
     """``a`` with rows (along ``axis``) up to ``total``: copies of its last row."""
     a = jnp.moveaxis(a, axis, 0)
