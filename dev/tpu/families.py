@@ -5,7 +5,8 @@ instead. One process, every way in turns; writes ``$OUT/families.json`` and prin
 
     PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/families.py [quick] [SECTION ...]
 
-SECTIONs: segments, seed, cauchy, laplace (all by default).
+SECTIONs: segments, seed, cauchy, laplace (all by default), cauchy_sweep (budgets; env
+``CAUCHY_BUDGETS``). ``FAMILIES_SEGMENTS`` / ``FAMILIES_ORDERS`` limit the segment rows.
 """
 
 from __future__ import annotations
@@ -146,6 +147,29 @@ def cauchy_rows():
         save()
 
 
+def cauchy_sweep():
+    """Cauchy's time and temp under memory budgets from 16 MiB (the default) up, and with the
+    whole ``(L, N)`` of a channel as one tile: which step a TPU wants (``CAUCHY_BUDGETS`` in
+    MiB, comma-separated)."""
+    budgets = [int(b) for b in os.environ.get("CAUCHY_BUDGETS", "16,64,256,1024").split(",")]
+    for n, length in ((64, 4096), (512, 16_384)):
+        p = wl.s4_problem(n, h=256, length=length)
+        ways = {}
+        for mib in budgets:
+
+            def ours(v, z, w, mib=mib):
+                with foldax.memory_budget(mib * 2**20):
+                    return wl.s4_grad(wl.s4_foldax)(v, z, w)
+
+            ways[f"budget {mib} MiB"] = ours
+        whole = lambda v, z, w: wl.s4_grad(
+            lambda v, z, w: foldax.cauchy(v, z, w, block_size=(length, n))
+        )(v, z, w)
+        ways["one tile"] = whole
+        ways["broadcast"] = wl.s4_grad(wl.s4_naive)
+        run.row(f"cauchy sweep H=256 L={length} N={n} grad", ways, (p.v, p.z, p.w))
+
+
 def laplace_rows():
     n = 98_304
     rng = np.random.default_rng(1)
@@ -170,7 +194,8 @@ SECTIONS = {
     "seed": seed_rows,
     "cauchy": cauchy_rows,
     "laplace": laplace_rows,
+    "cauchy_sweep": cauchy_sweep,
 }
 
 if __name__ == "__main__":
-    run.main(SECTIONS, save, list(SECTIONS))
+    run.main(SECTIONS, save, [name for name in SECTIONS if name != "cauchy_sweep"])

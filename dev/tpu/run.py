@@ -439,6 +439,10 @@ def knn_rows():
     m, n, d, k = (2048, 12_000, 784, 10) if QUICK else (10_240, 60_000, 784, 10)
     if os.environ.get("KNN_SIZES"):  # (a smoke run: M,N,D)
         m, n, d = map(int, os.environ["KNN_SIZES"].split(","))
+    if os.environ.get("KNN_BLOCKS"):  # the kernel's blocks: ROWS,COLS
+        from foldax._kernels.tpu import _contracting as kc
+
+        kc.DEFAULT_BLOCKS = kc.BlockSizes(*map(int, os.environ["KNN_BLOCKS"].split(",")))
     q, data = normal((m, d)), normal((n, d))
     sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
     ours = lambda q, x: foldax.pairwise_reduce(sq, q, x, reduction="kmin", k=k)  # noqa: E731

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call's worth of TPU checks, in the order they matter; each step has its own time
+# limit and writes under $OUT (logs and JSON), so that a step that hangs loses only itself.
+#
+#   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
+#
+# STEPs: tests, chamfer, segments, cauchy, knn (all by default; about 9 minutes in all).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp}
+steps=${*:-tests chamfer segments cauchy knn}
+here=$(dirname "$0")
+quiet() { grep -v -i -e warn -e "^  warnings" -e symbolize -e "RAW: "; }
+for step in $steps; do
+  case $step in
+    tests)  # the kernels compiled on the TPU (FOLDAX_TPU=1: without it they run interpreted)
+      FOLDAX_TPU=1 timeout 150 python -m pytest tests/test_tpu_kernels.py -q -p no:xdist \
+        -W "ignore:cloud_tpu_init failed" -W "ignore:Transparent hugepages" --tb=short 2>&1 \
+        | tee "$OUT/tests.txt" | tail -25 ;;
+    chamfer)  # the vmapped Chamfer gradient (kernel blocks sized for VMEM)
+      timeout 130 python "$here/run.py" quick chamfer 2>&1 | quiet | tee "$OUT/chamfer.log"
+      mv "$OUT/tpu.json" "$OUT/chamfer.json" ;;
+    segments)  # sorted ids: jax.ops' scatters (they walked before, 38x slower)
+      FAMILIES_ORDERS=sorted FAMILIES_SEGMENTS=segment_sum,segment_max,segment_softmax \
+        timeout 150 python "$here/families.py" segments 2>&1 | quiet | tee "$OUT/segments.log"
+      mv "$OUT/families.json" "$OUT/segments.json" ;;
+    cauchy)  # which step a TPU wants for an elementwise kernel
+      timeout 100 python "$here/families.py" cauchy_sweep 2>&1 | quiet | tee "$OUT/cauchy.log"
+      mv "$OUT/families.json" "$OUT/cauchy.json" ;;
+    knn)  # the k-min kernel's compile time at smaller blocks, in 784 dimensions
+      for blocks in 128,128 256,256; do
+        KNN_SIZES=2048,12288,784 KNN_BLOCKS=$blocks timeout 60 python "$here/run.py" knn 2>&1 \
+          | quiet | tee -a "$OUT/knn.log"
+      done ;;
+    *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn)" >&2; exit 2 ;;
+  esac
+done
