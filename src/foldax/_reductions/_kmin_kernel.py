@@ -1,6 +1,8 @@
 """The k smallest as an accelerator kernel folds them (Mosaic lowers no sort, top-k or
 gather): k rounds of integer reductions along the lanes, each taking out the least
-``(sort key, index)`` left. States are ``(values, indices)`` ``(G, k)``, ascending by value
+``(sort key, index)`` left. The rounds are a loop, not unrolled: a kernel's code grows with
+every value of a tile it writes (a ``(1024, 1024)`` tile is 1,024 vector registers), and k
+unrolled rounds in 784 dimensions did not compile within 100 s on a TPU. States are ``(values, indices)`` ``(G, k)``, ascending by value
 then index, as :class:`foldax._reductions._kmin.KMin`'s; an empty slot is the largest key (a
 NaN, or an integer's max) with :data:`NO_INDEX`, and sorts last."""
 
@@ -21,10 +23,14 @@ def tile_best(k, v, mask, index):
     keys = jnp.where(mask, _kmin._sort_key(v), big)
     at = jnp.where(mask, jnp.broadcast_to(index.reshape(1, -1), v.shape), NO_INDEX)
     out_k, out_i, lane = _empty(k, v.shape[0], big, keys.dtype)
-    for r in range(k):
+
+    def round_(r, carry):
+        keys, at, out_k, out_i = carry
         m, i = _least(keys, at)
         out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, i, out_i)
-        keys, at = _taken_out(keys, at, m, i, True, big)
+        return (*_taken_out(keys, at, m, i, True, big), out_k, out_i)
+
+    *_, out_k, out_i = lax.fori_loop(0, k, round_, (keys, at, out_k, out_i))
     return _kmin._from_key(out_k, v.dtype), out_i
 
 
@@ -34,15 +40,19 @@ def merge(k, a, b):
     big = jnp.iinfo(ka.dtype).max
     ia, ib = a[1], b[1]
     out_k, out_i, lane = _empty(k, ka.shape[0], big, ka.dtype)
-    for r in range(k):
+
+    def round_(r, carry):
+        ka, ia, kb, ib, out_k, out_i = carry
         ma, ja = _least(ka, ia)
         mb, jb = _least(kb, ib)
         take_a = (ma < mb) | ((ma == mb) & (ja <= jb))
         m, j = jnp.where(take_a, ma, mb), jnp.where(take_a, ja, jb)
         out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, j, out_i)
-        ka, ia = _taken_out(ka, ia, ma, ja, take_a, big)
-        kb, ib = _taken_out(kb, ib, mb, jb, ~take_a, big)
-    return _kmin._from_key(out_k, a[0].dtype), out_i
+        a = _taken_out(ka, ia, ma, ja, take_a, big)
+        return (*a, *_taken_out(kb, ib, mb, jb, ~take_a, big), out_k, out_i)
+
+    carry = lax.fori_loop(0, k, round_, (ka, ia, kb, ib, out_k, out_i))
+    return _kmin._from_key(carry[4], a[0].dtype), carry[5]
 
 
 def _empty(k, rows, big, dtype):
