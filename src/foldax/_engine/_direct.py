@@ -122,7 +122,7 @@ class _Index:
         if self.in_range:
             return a.at[self.ids].get(mode="promise_in_bounds", indices_are_sorted=self.sorted)
         ids = jnp.clip(self.ids, 0, self.num_slots - 1)
-        return a.at[ids].get(mode="clip", indices_are_sorted=self.sorted)
+        return jnp.take(a, ids, axis=0, mode="clip", indices_are_sorted=self.sorted)
 
     def keep(self, ndim):
         """Whether each row is kept, broadcastable against values of ``ndim`` dimensions."""
