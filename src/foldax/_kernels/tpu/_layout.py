@@ -26,11 +26,15 @@ def lanes_up(a: int) -> int:
 
 
 def vmem_bytes(aval) -> int:
-    """The bytes an array of ``aval`` takes in VMEM: its last two axes in ``(8, 128)`` tiles of
-    32-bit words (a value ``(bi, bj, 3)`` takes 43 times its size)."""
+    """The bytes an array of ``aval`` takes in VMEM: its last two axes in tiles of 128 lanes by
+    8 sublanes of 32-bit words, 16 of 16-bit values packed in pairs (a value ``(bi, bj, 3)``
+    takes 43 times its size; a boolean, a 32-bit mask)."""
+    dtype = jnp.dtype(aval.dtype)
+    size = 4 if dtype == jnp.bool_ else dtype.itemsize
     shape = (1, 1, *aval.shape)
-    sub, lane = -(-shape[-2] // 8) * 8, lanes_up(shape[-1])
-    return math.prod(shape[:-2]) * sub * lane * max(4, jnp.dtype(aval.dtype).itemsize)
+    rows = 8 * max(1, 4 // size)
+    sub, lane = -(-shape[-2] // rows) * rows, lanes_up(shape[-1])
+    return math.prod(shape[:-2]) * sub * lane * size
 
 
 def pad_rows(a, total, axis=0):
