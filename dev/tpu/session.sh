@@ -4,11 +4,12 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, cauchy, knn (all by default; about 9 minutes in all).
+# STEPs: tests, chamfer, segments, cauchy, knn, cli (all by default; about 10 minutes in all).
+# Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp}
-steps=${*:-tests chamfer segments cauchy knn}
+steps=${*:-tests chamfer segments cauchy knn cli}
 here=$(dirname "$0")
 quiet() { grep -v -i -e warn -e "^  warnings" -e symbolize -e "RAW: "; }
 for step in $steps; do
@@ -32,6 +33,11 @@ for step in $steps; do
         KNN_SIZES=2048,12288,784 KNN_BLOCKS=$blocks timeout 60 python "$here/run.py" knn 2>&1 \
           | quiet | tee -a "$OUT/knn.log"
       done ;;
-    *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn)" >&2; exit 2 ;;
+    cli)  # foldax audit on the TPU: its buffers at the peak, naive and with foldax
+      for way in naive with_foldax; do
+        timeout 60 python -m foldax audit "examples/audit_s4.py:$way" 2>&1 | quiet \
+          | tee -a "$OUT/audit.log"
+      done ;;
+    *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn cli)" >&2; exit 2 ;;
   esac
 done
