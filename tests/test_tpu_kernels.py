@@ -458,3 +458,10 @@ def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sor
         assert '"stablehlo.scatter"' in text or '"stablehlo.gather"' in text
         sorted_flag = f"indices_are_sorted = {str(indices_are_sorted).lower()}"
         assert g is not f or sorted_flag in text
+    if indices_are_sorted:  # static sizes: the same segments, the same program
+        sizes = np.bincount(np.arange(20_000) // 500, minlength=40)
+        by_sizes = lambda x: fn(x, sizes=sizes)  # noqa: E731
+        for g in (by_sizes, jax.grad(lambda x: jnp.sum(by_sizes(x)))):
+            text = jax.jit(g).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+            assert "stablehlo.while" not in text
+            assert '"stablehlo.scatter"' in text or '"stablehlo.gather"' in text
