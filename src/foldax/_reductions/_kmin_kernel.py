@@ -2,9 +2,10 @@
 gather): k rounds of integer reductions along the lanes, each taking out the least
 ``(sort key, index)`` left. The rounds are a loop, not unrolled: a kernel's code grows with
 every value of a tile it writes (a ``(1024, 1024)`` tile is 1,024 vector registers), and k
-unrolled rounds in 784 dimensions did not compile within 100 s on a TPU. States are ``(values, indices)`` ``(G, k)``, ascending by value
-then index, as :class:`foldax._reductions._kmin.KMin`'s; an empty slot is the largest key (a
-NaN, or an integer's max) with :data:`NO_INDEX`, and sorts last."""
+unrolled rounds in 784 dimensions did not compile within 100 s on a TPU. States are
+``(values, indices)`` ``(G, k)``, ascending by value then index, as
+:class:`foldax._reductions._kmin.KMin`'s; an empty slot is the largest key (a NaN, or an
+integer's max) with :data:`NO_INDEX`, and sorts last."""
 
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ def merge(k, a, b):
         take_a = (ma < mb) | ((ma == mb) & (ja <= jb))
         m, j = jnp.where(take_a, ma, mb), jnp.where(take_a, ja, jb)
         out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, j, out_i)
-        a = _taken_out(ka, ia, ma, ja, take_a, big)
-        return (*a, *_taken_out(kb, ib, mb, jb, ~take_a, big), out_k, out_i)
+        left = _taken_out(ka, ia, ma, ja, take_a, big)
+        return (*left, *_taken_out(kb, ib, mb, jb, ~take_a, big), out_k, out_i)
 
     carry = lax.fori_loop(0, k, round_, (ka, ia, kb, ib, out_k, out_i))
     return _kmin._from_key(carry[4], a[0].dtype), carry[5]
