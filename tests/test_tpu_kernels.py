@@ -391,7 +391,7 @@ def test_blocks_fit_what_a_tile_keeps_live(monkeypatch):
     seen = []
     real = _contracting._vmem_limit
     monkeypatch.setattr(
-        _contracting, "_vmem_limit", lambda g, a, body: seen.append((g.b, body)) or real(g, a, body)
+        _contracting, "_vmem_limit", lambda g, a: seen.append((g.b, g.body)) or real(g, a)
     )
     x = jax.ShapeDtypeStruct((20_000, 3), jnp.float32)
     v = jax.ShapeDtypeStruct((20_000, 1), jnp.float32)
@@ -410,8 +410,9 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
     """Lowered for a TPU (from this CPU: no TPU needed to lower), attention takes its kernels
     (the forward fold, the gradient's two passes), and so does a differentiated min (its
     indices, which the gradient reads; and, where the kernels are asked for, the pass over the
-    rows where three or more tie, restricted to them); a fold whose kernel Pallas cannot lower (a kernel that sorts) takes
-    the XLA loop in its place, in a module that verifies, and the refusal is kept."""
+    rows where three or more tie, restricted to them); a fold whose kernel Pallas cannot lower
+    (a kernel that sorts) takes the XLA loop in its place, in a module that verifies, and the
+    refusal is kept."""
     from foldax._kernels import tpu as kernels
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)

@@ -65,9 +65,9 @@ def main(names):
     seen = []
     real = _contracting._vmem_limit
 
-    def spy(geo, avals, body):
-        limit = real(geo, avals, body)
-        seen.append((geo.b, (geo.gi, geo.gj), limit, body, bool(geo.keyed)))
+    def spy(geo, avals):
+        limit = real(geo, avals)
+        seen.append((geo.b, (geo.gi, geo.gj), limit, geo.body, bool(geo.keyed)))
         return limit
 
     _contracting._vmem_limit = spy

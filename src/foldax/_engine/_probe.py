@@ -89,10 +89,11 @@ _FUSED = frozenset(
 )
 
 
-def _peak_bytes(jaxpr) -> int:
+def peak_bytes(jaxpr, nbytes=_nbytes, fused=_FUSED) -> int:
     """The most bytes a jaxpr keeps live at once (inputs excluded): a value is live from its
-    equation to its last use. Elementwise results are taken as fused into their consumers (as
-    XLA does), unless the jaxpr returns them."""
+    equation to its last use. The results of ``fused`` primitives (by default the elementwise
+    ones) are taken as fused into their consumers (as XLA does), unless the jaxpr returns them;
+    ``nbytes(aval)``: a value's size (a kernel's layout, see ``foldax._kernels.tpu``)."""
     is_var = lambda v: not hasattr(v, "val")  # noqa: E731
     last = {}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -105,13 +106,13 @@ def _peak_bytes(jaxpr) -> int:
     live, peak, sizes = 0, 0, {}
     outs = {v for v in jaxpr.outvars if is_var(v)}
     for i, eqn in enumerate(jaxpr.eqns):
-        inner = max((_peak_bytes(sub) for sub in _subjaxprs(eqn)), default=0)
-        fused = eqn.primitive.name in _FUSED
-        kept = [v for v in eqn.outvars if not fused or v in outs]
-        out = sum(_nbytes(v.aval) for v in kept)
+        inner = max((peak_bytes(sub, nbytes, fused) for sub in _subjaxprs(eqn)), default=0)
+        dropped = eqn.primitive.name in fused
+        kept = [v for v in eqn.outvars if not dropped or v in outs]
+        out = sum(nbytes(v.aval) for v in kept)
         peak = max(peak, live + out + inner)
         for v in kept:
-            sizes[v] = _nbytes(v.aval)
+            sizes[v] = nbytes(v.aval)
             live += sizes[v]
         for v in [*eqn.invars, *eqn.outvars]:
             if is_var(v) and last.get(v, -1) <= i and v in sizes:
@@ -133,7 +134,7 @@ def unit_bytes(spec, avals, only=False) -> float:
         ins = sum(_nbytes(a) for a in jax.tree.leaves(probe))
         _, tt, r = _probe_grid(spec.plan.kind, g, t)
         units = g * tt if spec.plan.kind == "dense" else r
-        return _peak_bytes(jaxpr) + ins, units
+        return peak_bytes(jaxpr) + ins, units
 
     (b0, u0), (b1, u1) = measure(*small), measure(*big)
     return max((b1 - b0) / (u1 - u0), 1.0)

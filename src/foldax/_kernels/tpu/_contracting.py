@@ -34,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..._engine._derived import widened_dtype
+from ..._engine._probe import peak_bytes
 from . import _layout, _precision, _table
 
 #: dtypes a TPU kernel reads; interpret mode (on a CPU) takes 64-bit ones too, for references
@@ -43,7 +44,7 @@ _WIDE_DTYPES = frozenset(map(jnp.dtype, ("float64", "int64")))
 _MAX_CONST_BYTES = 2 * 2**20
 #: the most entries the table of live blocks may have (it lives in SMEM)
 _MAX_TABLE = 2**16
-#: What a tile's body may keep live at once in VMEM (see :func:`_peak`).
+#: What a tile's body may keep live at once in VMEM (see :func:`_body_bytes`).
 _BODY_BUDGET = 40 * 2**20
 #: ... for a fold with keyed consts, whose kernel a vmap runs in a loop (one table per batch
 #: element), where the default scoped VMEM (16 MiB) holds
@@ -115,7 +116,7 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     geo = _Geometry.of(spec, in_avals, blocks)
     if spec.pair_mask is not None and (spec.block_live is None or geo.gi * geo.gj > _MAX_TABLE):
         return False
-    if blocks is None and geo.tile_bytes(spec, in_avals) > _BODY_BUDGET:
+    if blocks is None and geo.body > _BODY_BUDGET:
         return False  # (a body that meets many features pair by pair: not even 128 x 128 fits)
     interpret = platform != "tpu"
     # keyed consts are read as 32-bit lanes, booleans too. Compiled on a TPU only at small
@@ -141,7 +142,8 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
 class _Geometry:
     """A fold's grid: ``m`` slots by ``n`` rows in blocks ``b``, ``gi`` x ``gj`` of them; the
     rows' axis, whether the slots' arrays are walked with their slots last too (the fold's
-    ``lanes_body``), and the side (0: slots, 1: rows) of each keyed const (``Spec.keyed``)."""
+    ``lanes_body``), the side (0: slots, 1: rows) of each keyed const (``Spec.keyed``), and
+    the VMEM bytes the body keeps live at once for a tile of ``b`` (:func:`_body_bytes`)."""
 
     m: int
     n: int
@@ -151,6 +153,7 @@ class _Geometry:
     axis: int
     lanes: bool
     keyed: dict
+    body: int = 0
 
     def block(self, side):
         """Rows per block of the slots' side (0) or of the rows' (1)."""
@@ -166,13 +169,14 @@ class _Geometry:
         gi, gj = b.grid(m, n)
         lanes = spec.lanes_body is not None and axis == -1 and spec.monoid is not None
         geo = cls(m, n, b, gi, gj, axis, lanes, dict(spec.keyed))
+        geo = dataclasses.replace(geo, body=geo.tile_bytes(spec, in_avals))
         return geo if blocks is not None else geo.within_vmem(spec, in_avals)
 
     def within_vmem(self, spec, in_avals):
         """These blocks, halved (the longer first) while the tile's body would keep more than
         :data:`_BODY_BUDGET` live in VMEM (one that meets its features pair by pair makes
         ``(bi, F, bj)`` values, padded to 8 sublanes)."""
-        pair = self.tile_bytes(spec, in_avals) / (self.b.rows * self.b.cols)
+        pair = self.body / (self.b.rows * self.b.cols)
         rows, cols = self.b.rows, self.b.cols
         budget = _KEYED_BODY_BUDGET if self.keyed else _BODY_BUDGET
         while pair * rows * cols > budget and max(rows, cols) > 128:
@@ -181,7 +185,8 @@ class _Geometry:
             return self
         b = BlockSizes(rows, cols)
         gi, gj = b.grid(self.m, self.n)
-        return dataclasses.replace(self, b=b, gi=gi, gj=gj)
+        geo = dataclasses.replace(self, b=b, gi=gi, gj=gj)
+        return dataclasses.replace(geo, body=geo.tile_bytes(spec, in_avals))
 
     def tile_bytes(self, spec, in_avals) -> int:
         """The VMEM bytes the fold's body keeps live at once for one tile."""
@@ -226,32 +231,12 @@ def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
 
 
 def _body_bytes(spec, geo, avals) -> int:
-    """The VMEM bytes the fold's body keeps live at once for a tile of ``avals``."""
+    """The VMEM bytes the fold's body keeps live at once for a tile of ``avals``: each value
+    from its equation to its last use, laid out as Mosaic lays it out, none fused (a kernel
+    holds each step's value whole)."""
     body = spec.lanes_body if geo.lanes else spec.body
-    return _peak(jax.make_jaxpr(body)(*avals).jaxpr)
-
-
-def _peak(jaxpr) -> int:
-    """The most VMEM bytes a jaxpr's values (laid out as Mosaic lays them out, none fused: a
-    kernel holds each step's value whole) take at once, from each one's equation to its last
-    use; a jaxpr inside an equation counts at that equation."""
-    last = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.invars if not hasattr(v, "val")}
-    last.update({v: len(jaxpr.eqns) for v in jaxpr.outvars if not hasattr(v, "val")})
-    live, most, sizes = 0, 0, {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        inner = 0
-        for p in eqn.params.values():
-            for sub in p if isinstance(p, tuple | list) else (p,):
-                if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
-                    inner = max(inner, _peak(getattr(sub, "jaxpr", sub)))
-        out = {v: _layout.vmem_bytes(v.aval) for v in eqn.outvars if hasattr(v.aval, "shape")}
-        most = max(most, live + inner + sum(out.values()))
-        sizes.update(out)
-        live += sum(out.values())
-        for v in [*eqn.invars, *eqn.outvars]:
-            if not hasattr(v, "val") and v in sizes and last.get(v, -1) <= i:
-                live -= sizes.pop(v)
-    return most
+    jaxpr = jax.make_jaxpr(body)(*avals).jaxpr
+    return peak_bytes(jaxpr, _layout.vmem_bytes, frozenset())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,7 +358,7 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
         out_shape=outs,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=_vmem_limit(geo, avals, _body_bytes(spec, geo, avals)),
+            vmem_limit_bytes=_vmem_limit(geo, avals),
         ),
         interpret=interpret,
         name=f"foldax_{_identifier(spec.name)}_{outer}",
@@ -507,13 +492,13 @@ def _tile_mask(spec, geo, consts, i, j, by_slots):
     return mask, cols
 
 
-def _vmem_limit(geo, avals, body):
+def _vmem_limit(geo, avals):
     """Scoped VMEM for one step: its blocks double-buffered (padded as Mosaic lays them out),
-    a few float32 tiles, and what the body keeps live (``body`` bytes)."""
+    a few float32 tiles, and what the body keeps live (``geo.body``)."""
     rows = sum(_layout.vmem_bytes(a) for a in avals[1])
     cols = sum(_layout.vmem_bytes(a) for a in avals[2])
     need = _step_bytes(geo.b.rows, geo.b.cols, rows / geo.b.rows, cols / geo.b.cols)
-    return int(min(100 * 2**20, max(32 * 2**20, 2 * need, need + body)))
+    return int(min(100 * 2**20, max(32 * 2**20, 2 * need, need + geo.body)))
 
 
 @functools.cache

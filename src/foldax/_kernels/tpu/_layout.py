@@ -29,6 +29,8 @@ def vmem_bytes(aval) -> int:
     """The bytes an array of ``aval`` takes in VMEM: its last two axes in tiles of 128 lanes by
     8 sublanes of 32-bit words, 16 of 16-bit values packed in pairs (a value ``(bi, bj, 3)``
     takes 43 times its size; a boolean, a 32-bit mask)."""
+    if not hasattr(aval, "shape"):  # (a token, say)
+        return 0
     dtype = jnp.dtype(aval.dtype)
     size = 4 if dtype == jnp.bool_ else dtype.itemsize
     shape = (1, 1, *aval.shape)
