@@ -408,7 +408,7 @@ def test_blocks_fit_what_a_tile_keeps_live(monkeypatch):
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
 def test_lowered_for_a_tpu_kernels_or_the_loop():
     """Lowered for a TPU (from this CPU: no TPU needed to lower), attention takes its kernels
-    (the forward fold, the gradient's two passes), and so does a differentiated min (its
+    (the forward fold, the gradient's two passes; by segment ids too), and so does a differentiated min (its
     indices, which the gradient reads; and, where the kernels are asked for, the pass over the
     rows where three or more tie, restricted to them); a fold whose kernel Pallas cannot lower
     (a kernel that sorts) takes the XLA loop in its place, in a module that verifies, and the
@@ -417,6 +417,8 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
 
     q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
     attention = lambda q: foldax.dot_product_attention(q, q, q, is_causal=True)  # noqa: E731
+    ids = jnp.repeat(jnp.arange(4, dtype=jnp.int32), 64)[None]
+    by_ids = lambda q: foldax.dot_product_attention(q, q, q, segment_ids=ids)  # noqa: E731
     x = jax.ShapeDtypeStruct((300, 3), jnp.float32)
     nearest = lambda x, y, impl=None: foldax.pairwise_reduce(  # noqa: E731
         sqdist, x, y, reduction="min", implementation=impl
@@ -425,6 +427,7 @@ def test_lowered_for_a_tpu_kernels_or_the_loop():
     sorting = lambda x, y: foldax.pairwise_reduce(least, x, y, reduction="min")  # noqa: E731
     cases = (
         (jax.grad(lambda q: jnp.sum(attention(q).astype(jnp.float32))), (q,), 3),
+        (jax.grad(lambda q: jnp.sum(by_ids(q).astype(jnp.float32))), (q,), 3),  # (keyed)
         (jax.grad(lambda x, y: jnp.sum(nearest(x, y))), (x, x), 1),
         (jax.grad(lambda x, y: jnp.sum(nearest(x, y, "pallas"))), (x, x), 2),
         (jax.grad(lambda x, y: jnp.sum(sorting(x, y))), (x, x), 0),
@@ -466,3 +469,29 @@ def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sor
             text = jax.jit(g).trace(x).lower(lowering_platforms=("tpu",)).as_text()
             assert "stablehlo.while" not in text
             assert '"stablehlo.scatter"' in text or '"stablehlo.gather"' in text
+
+
+@pytest.mark.skipif(ON_TPU, reason="traces as on a TPU from the CPU")
+def test_fused_tiles_take_large_steps_on_a_tpu(monkeypatch):
+    """A step whose tile fuses into its reduction (``jnp.where`` and a custom derivative's
+    call count as fused, as XLA fuses them) keeps no value per pair: on a TPU, where each
+    step of the loop costs microseconds, S4's Cauchy gradient then runs in a few large steps
+    (it ran in 16 MiB steps, 1.9x the broadcast), while a CPU keeps its cache-sized ones."""
+    from foldax._engine import _loop, _probe
+
+    v = jax.ShapeDtypeStruct((256, 512), jnp.complex64)
+    z = jax.ShapeDtypeStruct((16_384,), jnp.complex64)
+    loss = lambda v, z, w: jnp.sum(jnp.abs(foldax.cauchy(v, z, w)) ** 2)  # noqa: E731
+    body = lambda m, c: jnp.sum(jnp.where(m, c / (c - 1), 0), axis=1)  # noqa: E731
+    jaxpr = jax.make_jaxpr(body)(jnp.ones((4, 128), bool), jnp.ones((4, 128), jnp.complex64))
+    assert _probe.peak_bytes(jaxpr.jaxpr, calls=True) == 4 * 8  # (only the (4,) sums kept)
+    assert _probe.peak_bytes(jaxpr.jaxpr) >= 4 * 128 * 8  # (a CPU keeps the tile)
+    real, plans = _loop.make_plan, []
+    spy = lambda *a, **k: plans.append(real(*a, **k)) or plans[-1]  # noqa: E731
+    monkeypatch.setattr(_loop, "make_plan", spy)
+    for backend, most in (("tpu", 2), ("cpu", None)):
+        monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+        plans.clear()
+        jax.jit(jax.grad(loss, (0, 1, 2))).trace(v, z, v).lower(lowering_platforms=(backend,))
+        steps = [p.steps for p in plans]
+        assert steps and (max(steps) <= most if most else min(steps) >= 64), (backend, steps)

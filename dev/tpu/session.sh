@@ -4,7 +4,7 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, cauchy, knn, cli. A device call runs at most 10 minutes: run
+# STEPs: tests, chamfer, segments, cauchy, knn, cli, knn_whole, chamfer_parts. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
 set -u
@@ -40,6 +40,10 @@ for step in $steps; do
         timeout 60 python -m foldax audit "examples/audit_s4.py:$way" 2>&1 | quiet \
           | tee -a "$OUT/audit.log"
       done ;;
-    *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn cli)" >&2; exit 2 ;;
+    knn_whole|chamfer_parts)  # where the time goes (dev/tpu/breakdown.py)
+      timeout 240 python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
+      mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
+    *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn cli" \
+      "knn_whole chamfer_parts)" >&2; exit 2 ;;
   esac
 done

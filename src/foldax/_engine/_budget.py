@@ -11,7 +11,8 @@ A step of the fold holds one chunk of rows (or one tile of pairs) and everything
   8 MiB and 2^14 pairs for a pairwise one), except that a reduction with a preferred dense tile
   (min, argmin, k-min) grows its steps to that tile within the budget, large enough for XLA:CPU
   to spread them over its threads; on GPU the budget itself is the step size (fewer, larger
-  steps).
+  steps); on TPU too, except that a step whose tile fuses into its reduction (it keeps no
+  value per pair) takes :data:`TPU_FUSED_STEP` pairs per batch element.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ DEFAULT_BUDGET = 16 * 2**20
 #: sizes, whatever the budget: a larger step only costs memory there. Keyed by plan: segment rows
 #: (tiles, rows) or pairs (dense).
 CPU_STEP = {"rows": (8 * 2**20, 2**18), "pairs": (8 * 2**20, 2**14)}
+#: Pairs per batch element of a TPU step whose tile fuses into its reduction (the step keeps
+#: no value per pair, only its inputs): the budget does not bind such a step, and each step of
+#: the loop costs a TPU several microseconds (S4's Cauchy gradient, H = 256, L = 16,384,
+#: N = 512, on a v5e: 190 ms in 16 MiB steps, 112 ms in steps of 2^22 pairs, 103 ms as one
+#: tile of 2^23, 101 ms broadcast; temp 0.6 MiB or less in every case).
+TPU_FUSED_STEP = 2**24
+#: What a pair may cost and still count as fused: the probe's own inputs (a mask, 1 byte)
+FUSED_PAIR_BYTES = 2.0
 
 _local = threading.local()
 _UNITS = {
@@ -119,6 +128,8 @@ def current_budget() -> int:
 __all__ = [
     "CPU_STEP",
     "DEFAULT_BUDGET",
+    "FUSED_PAIR_BYTES",
+    "TPU_FUSED_STEP",
     "current_budget",
     "memory_budget",
     "parse_bytes",

@@ -204,6 +204,8 @@ def dense_block(units, m, n, tile=None, whole=0) -> tuple[int, int]:
     else:
         bj = min(n, DENSE_BJ)
         bi = max(1, min(units // bj, m))
+        if bi == m and units >= 2 * m * bj and units > 2**14:
+            bj = min(n, units // m)  # (every row: a large step widens; a CPU's stays 64)
     if SMALL_BI < bi < DENSE_BJ and bi < m:
         bi = SMALL_BI
     return bi, bj

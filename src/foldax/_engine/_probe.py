@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._jax import ShapedArray
-from ._budget import CPU_STEP
+from ._budget import CPU_STEP, FUSED_PAIR_BYTES, TPU_FUSED_STEP
 from ._plan import preferred_tile
 from ._spec import _index, _shaped, _with_rows
 
@@ -89,11 +89,23 @@ _FUSED = frozenset(
 )
 
 
-def peak_bytes(jaxpr, nbytes=_nbytes, fused=_FUSED) -> int:
+def _fuses(eqn, fused, calls) -> bool:
+    """Whether XLA fuses ``eqn``'s results into their consumers: a ``fused`` primitive, or
+    where ``calls``, a call (``jit``, such as ``jnp.where``; a custom derivative's) of such
+    primitives alone."""
+    if eqn.primitive.name in fused:
+        return True
+    subs = list(_subjaxprs(eqn)) if calls else []
+    return len(subs) == 1 and all(_fuses(e, fused, calls) for e in subs[0].eqns)
+
+
+def peak_bytes(jaxpr, nbytes=_nbytes, fused=_FUSED, calls=False) -> int:
     """The most bytes a jaxpr keeps live at once (inputs excluded): a value is live from its
     equation to its last use. The results of ``fused`` primitives (by default the elementwise
     ones) are taken as fused into their consumers (as XLA does), unless the jaxpr returns them;
-    ``nbytes(aval)``: a value's size (a kernel's layout, see ``foldax._kernels.tpu``)."""
+    with ``calls``, so are those of calls of them alone, bodies included (as XLA:TPU fuses a
+    tile into its reduction; XLA:CPU keeps a complex one whole); ``nbytes(aval)``: a value's
+    size (a kernel's layout, see ``foldax._kernels.tpu``)."""
     is_var = lambda v: not hasattr(v, "val")  # noqa: E731
     last = {}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -106,8 +118,9 @@ def peak_bytes(jaxpr, nbytes=_nbytes, fused=_FUSED) -> int:
     live, peak, sizes = 0, 0, {}
     outs = {v for v in jaxpr.outvars if is_var(v)}
     for i, eqn in enumerate(jaxpr.eqns):
-        inner = max((peak_bytes(sub, nbytes, fused) for sub in _subjaxprs(eqn)), default=0)
-        dropped = eqn.primitive.name in fused
+        dropped = _fuses(eqn, fused, calls)
+        subs = () if dropped and calls else _subjaxprs(eqn)
+        inner = max((peak_bytes(sub, nbytes, fused, calls) for sub in subs), default=0)
         kept = [v for v in eqn.outvars if not dropped or v in outs]
         out = sum(nbytes(v.aval) for v in kept)
         peak = max(peak, live + out + inner)
@@ -128,13 +141,15 @@ def unit_bytes(spec, avals, only=False) -> float:
     if spec.plan.kind == "rows":
         small, big = (64, 1), (256, 1)
 
+    tpu = jax.default_backend() == "tpu"
+
     def measure(g, t):
         probe = _probe_avals(spec, avals, g, t)
         jaxpr = jax.make_jaxpr(_step_fn(spec, only))(*probe).jaxpr
         ins = sum(_nbytes(a) for a in jax.tree.leaves(probe))
         _, tt, r = _probe_grid(spec.plan.kind, g, t)
         units = g * tt if spec.plan.kind == "dense" else r
-        return peak_bytes(jaxpr) + ins, units
+        return peak_bytes(jaxpr, calls=tpu) + ins, units
 
     (b0, u0), (b1, u1) = measure(*small), measure(*big)
     return max((b1 - b0) / (u1 - u0), 1.0)
@@ -142,7 +157,8 @@ def unit_bytes(spec, avals, only=False) -> float:
 
 def plan_units(spec, avals) -> int:
     """Rows (pairs for dense plans) per step: the budget over the batch and the bytes per unit,
-    capped on CPU at a cache-friendly step size; a power of two."""
+    capped on CPU at a cache-friendly step size, on a TPU as large as a fused step may be (see
+    :data:`TPU_FUSED_STEP`); a power of two."""
     if spec.plan.chunk is not None:
         return 0
     step, cap = spec.budget, math.inf
@@ -156,8 +172,18 @@ def plan_units(spec, avals) -> int:
             cap = max(cap, math.prod(tile))
         else:
             step = min(step, step_bytes)
-    units = min(step / (unit_bytes(spec, avals) * spec.scale), cap)
+    per_unit = unit_bytes(spec, avals)
+    if _fused_on_tpu(spec, per_unit):
+        step, cap = math.inf, TPU_FUSED_STEP
+    units = min(step / (per_unit * spec.scale), cap)
     return 1 << max(0, math.floor(math.log2(max(units, 1))))
+
+
+def _fused_on_tpu(spec, per_unit) -> bool:
+    """Whether a TPU step keeps no value per pair (its tile fuses into its reduction), for
+    a dense fold without a preferred tile: then its steps are :data:`TPU_FUSED_STEP`."""
+    dense = spec.plan.kind == "dense" and preferred_tile(spec.plan, spec.monoid) is None
+    return dense and per_unit <= FUSED_PAIR_BYTES and jax.default_backend() == "tpu"
 
 
 def whole_rows(spec, avals) -> int:

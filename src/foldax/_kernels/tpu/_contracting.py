@@ -119,12 +119,10 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     if blocks is None and geo.body > _BODY_BUDGET:
         return False  # (a body that meets many features pair by pair: not even 128 x 128 fits)
     interpret = platform != "tpu"
-    # keyed consts are read as 32-bit lanes, booleans too. Compiled on a TPU only at small
-    # blocks: under vmap their table differs per batch element and Pallas runs the kernel in a
-    # loop, where a full-size pass ran out of scoped VMEM; so taken there only when asked for.
+    # keyed consts are read as 32-bit lanes, booleans too (under vmap their table differs per
+    # batch element: Pallas runs the kernel in a loop, in the default scoped VMEM, which the
+    # blocks are sized for: ``_KEYED_BODY_BUDGET``)
     keyed = [a for c, a in enumerate(consts) if c in geo.keyed]
-    if keyed and not asked:
-        return False
     if not all(_dtype_ok(a, interpret) or a.dtype == jnp.bool_ for a in keyed):
         return False
     whole = [a for c, a in enumerate(consts) if c not in geo.keyed]

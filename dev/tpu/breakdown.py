@@ -1,0 +1,140 @@
+# ruff: noqa: E731
+"""On a TPU: where two slow workloads spend their time, in variants the engine could take.
+One process; writes ``$OUT/breakdown.json`` and prints a table.
+
+    PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/breakdown.py [SECTION ...]
+
+SECTIONs:
+  knn_whole: k nearest (k = 10, 784 dimensions) as blocks of every column, one top-k per
+    block (the engine's ``whole_rows`` plan forced to 16 / 128 / 1024 rows), against a
+    ``lax.map`` of a GEMM distance block and ``lax.top_k`` (``KNN_SIZES=M,N,D``);
+  chamfer_parts: the vmapped Chamfer gradient of 4 pairs of 98k points, whole; without its
+    pass over three-way ties; its forward folds alone (``CHAMFER_N`` points).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import run
+
+import foldax
+from foldax._engine import _primitive
+
+results = run.results
+sq = lambda a, b: jnp.sum((a - b) ** 2)
+
+
+def save():
+    with open(os.path.join(run.OUT, "breakdown.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+
+
+def compiled_row(name, ways, args, reps=7):
+    """Like ``run.row``, for ways ``(f, rows)``: each compiled with the engine's blocks of
+    every column forced to ``rows`` rows (``None``: as chosen), held while it compiles (a
+    TPU lowers the fold when the program compiles, after tracing)."""
+    out = {"name": name}
+    for way, (f, rows) in ways.items():
+        real = _primitive.whole_rows
+        if rows is not None:
+            _primitive.whole_rows = lambda spec, avals, r=rows: min(r, spec.plan.num_slots)
+        try:
+            t0 = time.perf_counter()
+            g = jax.jit(lambda *a, f=f: f(*a)).lower(*args).compile()  # (a new trace)
+            first = time.perf_counter() - t0
+        finally:
+            _primitive.whole_rows = real
+        jax.block_until_ready(g(*args))
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(g(*args))
+            ts.append(time.perf_counter() - t0)
+        temp = g.memory_analysis().temp_size_in_bytes / 2**20
+        out[way] = {"ms": float(np.median(ts)) * 1e3, "first_s": first, "temp_mib": temp}
+        out[way]["indices"] = g(*args)[1]
+    want = out["lax.map"]["indices"]
+    for way in ways:
+        got = out[way].pop("indices")
+        out[way]["same_indices_as_lax_map"] = float(jnp.mean(got == want))
+    results["rows"].append(out)
+    print(name + ": " + " | ".join(
+        f"{w}: {v['ms']:.2f} ms (compile {v['first_s']:.1f} s, temp {v['temp_mib']:.1f} MiB, "
+        f"indices {v['same_indices_as_lax_map']:.4f})"
+        for w, v in out.items() if w != "name"
+    ), flush=True)  # fmt: skip
+    save()
+
+
+def knn_whole():
+    m, n, d = map(int, os.environ.get("KNN_SIZES", "10240,60000,784").split(","))
+    q, data = run.normal((m, d)), run.normal((n, d))
+    ours = lambda q, x: foldax.pairwise_reduce(sq, q, x, reduction="kmin", k=10)
+
+    def lmap(q, x, block=1024):
+        def one(qb):
+            dist = jnp.sum(qb**2, 1)[:, None] + jnp.sum(x**2, 1)[None] - 2 * qb @ x.T
+            neg, idx = jax.lax.top_k(-dist, 10)
+            return -neg, idx
+
+        out = jax.lax.map(one, q.reshape(-1, block, d))
+        return jax.tree.map(lambda a: a.reshape(m, 10), out)
+
+    ways = {"lax.map": (lmap, None), "foldax": (ours, None)}
+    for rows in (16, 128, 1024):
+        ways[f"whole {rows}"] = (ours, rows)
+    compiled_row(f"knn k=10 {m}x{n} D={d}", ways, (q, data))
+
+
+def chamfer_parts():
+    from foldax._reductions import _base, _extremum
+
+    n = int(os.environ.get("CHAMFER_N", "98304"))
+    xs, ys = run.normal((4, n, 3)), run.normal((4, n, 3))
+
+    def chamfer(x, y):
+        near = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="min")
+        return jnp.mean(near(x, y)) + jnp.mean(near(y, x))
+
+    def deriv_forward(x, y):  # the folds a gradient's forward runs: the indices kept
+        far = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="argmin")
+        return far(x, y), far(y, x)
+
+    grad = jax.vmap(jax.value_and_grad(chamfer, (0, 1)))
+
+    def no_ties(x, y):
+        owners = (_base._ValuesAndIndices, _extremum._ExtremumAndIndex)
+        saved = [(c, c.streamed_rows) for c in owners]
+        for c, _ in saved:
+            c.streamed_rows = lambda self, info: None
+        try:
+            return grad(x, y)
+        finally:
+            for c, f in saved:
+                c.streamed_rows = f
+
+    ways = {
+        "value_and_grad": grad,
+        "without the tie pass": no_ties,
+        "forward": jax.vmap(chamfer),
+        "argmin both ways": jax.vmap(deriv_forward),
+    }
+    run.row(f"chamfer parts 4 pairs N={n}", ways, (xs, ys))
+    save()
+
+
+SECTIONS = {"knn_whole": knn_whole, "chamfer_parts": chamfer_parts}
+
+if __name__ == "__main__":
+    print(results["device"], jax.__version__, results.get("libtpu"), flush=True)
+    for name in [a for a in sys.argv[1:] if a in SECTIONS] or list(SECTIONS):
+        SECTIONS[name]()
