@@ -23,6 +23,7 @@ from ._base import (
     picked_elements,
 )
 from ._kmin import _columns, _first_column, _hits
+from ._lanes import ArgExtremumLanes, ExtremumAndIndexLanes, ExtremumLanes
 from ._products import rarely
 
 
@@ -50,6 +51,13 @@ class _Extremum(Monoid):
 
     def _identity(self, dtype):
         return identity(self.is_max, dtype)
+
+    #: a kernel keeps its state per lane (:mod:`._lanes`); tested interpreted, a TPU takes it
+    #: where the kernels are asked for
+    lanes_in_kernel = "interpreted"
+
+    def lane_form(self):
+        return ExtremumLanes(self.is_max)
 
     def _better(self, a, b):
         return jnp.maximum(a, b) if self.is_max else jnp.minimum(a, b)
@@ -140,6 +148,9 @@ class _ExtremumAndIndex(_Extremum):
 
     def __init__(self, is_max):
         super().__init__(("max" if is_max else "min") + "_for_derivatives", is_max)
+
+    def lane_form(self):
+        return ExtremumAndIndexLanes(self.is_max)
 
     def init(self, num, fshape, dtype):
         none = jnp.full((num, *fshape), NO_INDEX, jnp.int32)
@@ -358,6 +369,11 @@ class ArgExtremum(Monoid):
 
     #: its kernel form (:meth:`reduce_in_kernel`) finds the first index by an integer min
     pallas = True
+    #: as :attr:`_Extremum.lanes_in_kernel`
+    lanes_in_kernel = "interpreted"
+
+    def lane_form(self):
+        return ArgExtremumLanes(self.is_max)
 
     def reduce_in_kernel(self, v, mask, cols, index):
         # reduce's state: the first NaN's index where there is one, else the first hit's

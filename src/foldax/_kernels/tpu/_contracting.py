@@ -218,7 +218,8 @@ def lower(spec, in_avals, out_aval, finish, args, *, platform, blocks=None):
     )
     run = functools.partial(_pass, spec, geo, (consts, slots, rows), interpret=platform != "tpu")
     if spec.monoid is not None:
-        return (run("slots", live, _monoid_step(spec, geo, finish, out_aval[0])), (), ())
+        step = _monoid_step(spec, geo, finish, out_aval[0], platform)
+        return (run("slots", live, step), (), ())
     slot_outs = run("slots", live, _sum_step(spec, geo, 0, out_aval[0])) if out_aval[0] else ()
     row_outs = ()
     if out_aval[2]:
@@ -269,23 +270,48 @@ def _tile_avals(spec, geo, consts, slots, rows):
     )
 
 
-def _monoid_step(spec, geo, finish, out_avals):
+def _monoid_step(spec, geo, finish, out_avals, platform):
+    """A monoid fold's states per row of a block, or per row and lane (:func:`_lane_form`)."""
     mon, body = spec.monoid, spec.lanes_body if geo.lanes else spec.body
     with_index = getattr(mon, "needs_index", False)
+    lanes = lambda row_aval: _lane_form(spec, geo, row_aval, platform)  # noqa: E731
 
     def update(c, xs, ys, mask, cols, index, state):
         vals = body(c, xs, ys, mask, index)[0]
+        form = lanes(mon.value_aval(vals))
+        if form is not None:
+            return form.add(state, vals, mask, index)
         args = (index,) if with_index else ()
         cols = None if spec.pair_mask is not None else cols
         return mon.combine_in_kernel(state, mon.reduce_in_kernel(vals, mask, cols, *args))
 
     def shaped(avals):
         row_aval = mon.value_aval(jax.eval_shape(body, *avals)[0])
-        state = jax.eval_shape(lambda: mon.init_aval(geo.b.rows, row_aval))
-        init = lambda: mon.init_aval(geo.b.rows, row_aval)  # noqa: E731
-        return state, init, lambda st: finish(st, row_aval)
+        form = lanes(row_aval)
+        if form is None:
+            init = lambda: mon.init_aval(geo.b.rows, row_aval)  # noqa: E731
+            return jax.eval_shape(init), init, lambda st: finish(st, row_aval)
+        init = lambda: form.init(geo.b.rows, row_aval)  # noqa: E731
+        return jax.eval_shape(init), init, lambda st: finish(form.finish(st), row_aval)
 
     return update, shaped, out_avals
+
+
+def _lane_form(spec, geo, row_aval, platform):
+    """The monoid's lane-dense state (:mod:`foldax._reductions._lanes`) where it has one, for
+    one scalar value per pair and blocks of whole lanes (on a TPU: 32-bit values, and where
+    the kernels are asked for while it is not yet compiled there); else ``None``."""
+    when = getattr(spec.monoid, "lanes_in_kernel", None)
+    if when is None or not isinstance(row_aval, jax.ShapeDtypeStruct) or row_aval.shape:
+        return None
+    if geo.b.cols % _layout.LANES:
+        return None
+    if platform == "tpu" and (
+        jnp.dtype(row_aval.dtype).itemsize != 4
+        or (when == "interpreted" and spec.implementation != "pallas")
+    ):
+        return None
+    return spec.monoid.lane_form()
 
 
 def _sum_step(spec, geo, part, out_avals):
