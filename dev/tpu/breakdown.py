@@ -9,7 +9,8 @@ SECTIONs:
     block (the engine's ``whole_rows`` plan forced to 16 / 128 / 1024 rows), against a
     ``lax.map`` of a GEMM distance block and ``lax.top_k`` (``KNN_SIZES=M,N,D``);
   chamfer_parts: the vmapped Chamfer gradient of 4 pairs of 98k points, whole; without its
-    pass over three-way ties; its forward folds alone (``CHAMFER_N`` points).
+    pass over three-way ties; its forward folds alone (``CHAMFER_N`` points); with the kernels
+    asked for (``implementation="pallas"``: the extrema's states per lane).
 """
 
 from __future__ import annotations
@@ -122,11 +123,15 @@ def chamfer_parts():
             for c, f in saved:
                 c.streamed_rows = f
 
+    asked = lambda f: run.with_impl("pallas", f)  # (the extrema's lanes, on a TPU)
     ways = {
         "value_and_grad": grad,
+        "value_and_grad, kernels asked for": asked(grad),
         "without the tie pass": no_ties,
         "forward": jax.vmap(chamfer),
+        "forward, kernels asked for": asked(jax.vmap(chamfer)),
         "argmin both ways": jax.vmap(deriv_forward),
+        "argmin both ways, kernels asked for": asked(jax.vmap(deriv_forward)),
     }
     run.row(f"chamfer parts 4 pairs N={n}", ways, (xs, ys))
     save()

@@ -4,7 +4,7 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, cauchy, knn, cli, knn_whole, chamfer_parts. A device call runs at most 10 minutes: run
+# STEPs: tests, chamfer, segments, cauchy, knn, cli, knn_whole, chamfer_parts, argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
 set -u
@@ -16,7 +16,8 @@ quiet() { grep -v -i -e warn -e "^  warnings" -e symbolize -e "RAW: "; }
 for step in $steps; do
   case $step in
     tests)  # the kernels compiled on the TPU (FOLDAX_TPU=1: without it they run interpreted)
-      FOLDAX_TPU=1 timeout 150 python -m pytest tests/test_tpu_kernels.py -q -p no:xdist \
+      FOLDAX_TPU=1 timeout 200 python -m pytest tests/test_tpu_kernels.py \
+        tests/test_kernel_lanes.py -q -p no:xdist \
         -W "ignore:cloud_tpu_init failed" -W "ignore:Transparent hugepages" --tb=short 2>&1 \
         | tee "$OUT/tests.txt" | tail -25 ;;
     chamfer)  # the Chamfer gradient, vmapped over 4 pairs of 16k and of 98k points (blocks
@@ -40,10 +41,12 @@ for step in $steps; do
         timeout 60 python -m foldax audit "examples/audit_s4.py:$way" 2>&1 | quiet \
           | tee -a "$OUT/audit.log"
       done ;;
+    argmin)  # the min family's kernel by its states: per row, per lane (asked for), minimal
+      timeout 120 python "$here/argmin_variants.py" 2>&1 | quiet | tee "$OUT/argmin.log" ;;
     knn_whole|chamfer_parts)  # where the time goes (dev/tpu/breakdown.py)
       timeout 240 python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
     *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn cli" \
-      "knn_whole chamfer_parts)" >&2; exit 2 ;;
+      "knn_whole chamfer_parts argmin)" >&2; exit 2 ;;
   esac
 done
