@@ -16,6 +16,8 @@ import foldax
 from foldax import _engine
 from foldax._kernels.tpu import _contracting
 from foldax._reductions import _extremum, _lanes
+from foldax._reductions._base import NO_INDEX
+from foldax._reductions._kmin import KMin
 
 ROWS, COLS, TILES = 24, 384, 3  # three chunks of 128 lanes a tile
 
@@ -56,7 +58,7 @@ def _per_row(mon, v, mask, index):
 
 
 def _by_lanes(mon, v, mask, index):
-    form = mon.lane_form()
+    form = mon.lane_form(jax.ShapeDtypeStruct((), v.dtype))
     state = form.init(ROWS, jax.ShapeDtypeStruct((), v.dtype))
     for t in range(TILES):
         state = form.add(state, jnp.asarray(v[t]), jnp.asarray(mask[t]), jnp.asarray(index[t]))
@@ -70,6 +72,8 @@ MONOIDS = {
     "argmax": lambda: _extremum.ArgExtremum(True),
     "min_for_derivatives": lambda: _extremum.Min().for_derivatives,
     "max_for_derivatives": lambda: _extremum.Max().for_derivatives,
+    "kmin k=1": lambda: KMin(1),
+    "kmin k=7": lambda: KMin(7),
 }
 
 
@@ -81,6 +85,11 @@ def test_lane_states_equal_the_per_row_states(rng, name, dtype):
     want = jax.jit(lambda v, m, i: _per_row(mon, v, m, i))(v, mask, index)
     got = jax.jit(lambda v, m, i: _by_lanes(mon, v, m, i))(v, mask, index)
     nan_rows = np.isnan(np.asarray(want[0], np.float64))
+    if name.startswith("kmin"):  # the k smallest: NaN last, the lists equal
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+        assert np.asarray(got[1])[0].tolist() == [NO_INDEX] * mon.k  # the empty row
+        return
     assert nan_rows[2:5].all() == np.issubdtype(dtype, np.floating)
     for k, (a, b) in enumerate(zip(got, want, strict=True)):
         a, b = np.asarray(a), np.asarray(b)
@@ -109,7 +118,7 @@ def test_lane_states_are_what_a_kernel_keeps(monkeypatch):
     assert added
 
 
-@pytest.mark.parametrize("reduction", ["min", "argmax", "min_argmin"])
+@pytest.mark.parametrize("reduction", ["min", "argmax", "min_argmin", "kmin"])
 def test_a_kernel_by_lanes_equals_the_xla_fold(rng, monkeypatch, reduction):
     """Blocks of three chunks of lanes, a partial last block, ties across lanes and blocks,
     NaN: the values, indices and (for the min) the gradient equal the XLA fold's."""
@@ -118,7 +127,8 @@ def test_a_kernel_by_lanes_equals_the_xla_fold(rng, monkeypatch, reduction):
     y = rng.integers(-2, 3, (1000, 3)).astype(np.float32)
     x[299, 1] = np.nan
     sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
-    f = lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction=reduction)  # noqa: E731
+    kw = {"k": 5} if reduction == "kmin" else {}
+    f = lambda x, y: foldax.pairwise_reduce(sq, x, y, reduction=reduction, **kw)  # noqa: E731
     g = jax.grad(
         lambda x, y: jnp.sum(foldax.pairwise_reduce(sq, x[:299], y, reduction="min") ** 2), (0, 1)
     )

@@ -56,7 +56,7 @@ class _Extremum(Monoid):
     #: where the kernels are asked for
     lanes_in_kernel = "interpreted"
 
-    def lane_form(self):
+    def lane_form(self, aval):
         return ExtremumLanes(self.is_max)
 
     def _better(self, a, b):
@@ -149,7 +149,7 @@ class _ExtremumAndIndex(_Extremum):
     def __init__(self, is_max):
         super().__init__(("max" if is_max else "min") + "_for_derivatives", is_max)
 
-    def lane_form(self):
+    def lane_form(self, aval):
         return ExtremumAndIndexLanes(self.is_max)
 
     def init(self, num, fshape, dtype):
@@ -372,7 +372,7 @@ class ArgExtremum(Monoid):
     #: as :attr:`_Extremum.lanes_in_kernel`
     lanes_in_kernel = "interpreted"
 
-    def lane_form(self):
+    def lane_form(self, aval):
         return ArgExtremumLanes(self.is_max)
 
     def reduce_in_kernel(self, v, mask, cols, index):

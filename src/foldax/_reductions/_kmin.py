@@ -419,6 +419,16 @@ class KMin(_ValuesAndIndices, Monoid):
     #: kernels are asked for
     pallas = "interpreted"
 
+    #: its lanes' form (:class:`._kmin_kernel.KMinLanes`) likewise
+    lanes_in_kernel = "interpreted"
+    #: the most rows and columns of a kernel's block: Mosaic writes each vector operation once
+    #: per vector register, and the lanes' form makes some 60 per chunk of 128 columns, each
+    #: on ``rows / 8`` registers (a step of 256 x 512: some 8,000 operations)
+    kernel_tile = (256, 512)
+
+    def lane_form(self, aval):
+        return _kernel_form.KMinLanes(self.k, aval.dtype)
+
     def reduce_in_kernel(self, v, mask, cols, index):
         return _kernel_form.tile_best(self.k, v, mask, index)
 

@@ -15,6 +15,8 @@ from jax import lax
 from . import _kmin  # (its sort keys; it imports this module: read at trace time)
 from ._base import NO_INDEX
 
+LANES = 128
+
 
 def tile_best(k, v, mask, index):
     """A tile's k best ``(values, indices)`` ``(G, k)`` of its values ``v`` ``(G, T)`` where
@@ -74,3 +76,77 @@ def _taken_out(keys, idx, m, j, taken, big):
     index in its place: it sorts last)."""
     gone = taken & (keys == m) & (idx == j)
     return jnp.where(gone, big, keys), jnp.where(gone, NO_INDEX, idx)
+
+
+class KMinLanes:
+    """The k smallest kept per row and lane (as :mod:`._lanes` keeps the extrema): each lane
+    holds its k best sort keys and indices, ascending, as ``k`` arrays ``(G, 128)`` each. A
+    tile's 128-lane chunk is inserted into every lane's list at once: a slot takes the new
+    entry where it is the first slot the entry beats, its predecessor where an earlier slot
+    was beaten (the lists are sorted, so that is one comparison and two selects per slot, no
+    loop). Columns reach a lane in increasing order, so an entry that ties a slot's key goes
+    after it: ties keep the lower index. After the last tile, k rounds take each row's least
+    ``(key, index)`` among its lanes' heads and pop it (a loop)."""
+
+    def __init__(self, k, dtype):
+        self.k, self.dtype = k, dtype
+
+    def init(self, num, aval):
+        key = _kmin._key_dtype(aval.dtype)
+        big = jnp.full((num, LANES), jnp.iinfo(key).max, key)
+        none = jnp.full((num, LANES), NO_INDEX, jnp.int32)
+        return (big,) * self.k, (none,) * self.k
+
+    def add(self, state, v, mask, index):
+        keys, idx = state
+        big = jnp.iinfo(keys[0].dtype).max
+        floats = jnp.issubdtype(v.dtype, jnp.floating)
+        cols = index.reshape(1, -1)
+        for lo in range(0, v.shape[1], LANES):
+            keep = mask[:, lo : lo + LANES]
+            x = jnp.where(keep, _kmin._sort_key(v[:, lo : lo + LANES]), big)
+            at = jnp.where(keep, jnp.broadcast_to(cols[:, lo : lo + LANES], x.shape), NO_INDEX)
+            keys, idx = _insert(keys, idx, x, at, ties_to_empty=not floats)
+        return keys, idx
+
+    def finish(self, state):
+        keys, idx = state
+        rows = keys[0].shape[0]
+        big = jnp.iinfo(keys[0].dtype).max
+        out_k, out_i, lane = _empty(self.k, rows, big, keys[0].dtype)
+
+        def round_(r, carry):
+            keys, idx, out_k, out_i = carry
+            m, j = _least(keys[0], idx[0])
+            out_k, out_i = jnp.where(lane == r, m, out_k), jnp.where(lane == r, j, out_i)
+            popped = (keys[0] == m) & (idx[0] == j)
+            keys = _popped(keys, popped, big)
+            return keys, _popped(idx, popped, NO_INDEX), out_k, out_i
+
+        *_, out_k, out_i = lax.fori_loop(0, self.k, round_, (keys, idx, out_k, out_i))
+        return _kmin._from_key(out_k, self.dtype), out_i
+
+
+def _insert(keys, idx, x, at, ties_to_empty):
+    """Lists ``keys`` / ``idx`` (k arrays, each lane ascending) with entry ``(x, at)`` put in
+    each lane's place (the last entry falls off). ``ties_to_empty``: an entry whose key equals
+    an empty slot's (an integer's largest value) goes into it (its index is lower)."""
+    new_k, new_i, beat_before = [], [], None
+    for r in range(len(keys)):
+        beat = x < keys[r]
+        if ties_to_empty:
+            beat = beat | ((x == keys[r]) & (idx[r] == NO_INDEX))
+        if beat_before is None:
+            new_k.append(jnp.where(beat, x, keys[r]))
+            new_i.append(jnp.where(beat, at, idx[r]))
+        else:
+            new_k.append(jnp.where(beat, jnp.where(beat_before, keys[r - 1], x), keys[r]))
+            new_i.append(jnp.where(beat, jnp.where(beat_before, idx[r - 1], at), idx[r]))
+        beat_before = beat
+    return tuple(new_k), tuple(new_i)
+
+
+def _popped(slots, popped, empty):
+    """Each lane's list without its head where ``popped`` (the rest moved up one slot)."""
+    nxt = (*slots[1:], jnp.full_like(slots[0], empty))
+    return tuple(jnp.where(popped, b, a) for a, b in zip(slots, nxt, strict=True))

@@ -163,7 +163,10 @@ class _Geometry:
         _, _, slots, rows = in_avals
         axis = spec.plan.row_axis
         per_row = lambda arrs, ax: sum(a.size // a.shape[ax] * a.dtype.itemsize for a in arrs)  # noqa: E731
-        b = (blocks or DEFAULT_BLOCKS).fit(m, n, per_row(slots, 0), per_row(rows, axis))
+        start, most = blocks or DEFAULT_BLOCKS, getattr(spec.monoid, "kernel_tile", None)
+        if most is not None and blocks is None:  # (a kernel whose code grows with its tile)
+            start = BlockSizes(min(start.rows, most[0]), min(start.cols, most[1]))
+        b = start.fit(m, n, per_row(slots, 0), per_row(rows, axis))
         gi, gj = b.grid(m, n)
         lanes = spec.lanes_body is not None and axis == -1 and spec.monoid is not None
         geo = cls(m, n, b, gi, gj, axis, lanes, dict(spec.keyed))
@@ -311,7 +314,7 @@ def _lane_form(spec, geo, row_aval, platform):
         or (when == "interpreted" and spec.implementation != "pallas")
     ):
         return None
-    return spec.monoid.lane_form()
+    return spec.monoid.lane_form(row_aval)
 
 
 def _sum_step(spec, geo, part, out_avals):
