@@ -58,12 +58,29 @@ WORKLOADS = {
     ),
     "chamfer+grad N=98k": (jax.value_and_grad(chamfer, (0, 1)), (sds((98_304, 3), f32),) * 2),
     "knn k=10 D=784 (asked for)": (knn, (sds((10_240, 784), f32), sds((60_000, 784), f32))),
+    "chamfer+grad N=98k (asked for)": (
+        lambda x, y: _asked(jax.value_and_grad(chamfer, (0, 1)), x, y),
+        (sds((98_304, 3), f32),) * 2,
+    ),
 }
 
 
+def _asked(f, *args):
+    with foldax._engine.implementation("pallas"):
+        return f(*args)
+
+
 def main(names):
-    seen = []
+    seen, forms = [], []
     real = _contracting._vmem_limit
+    real_form = _contracting._lane_form
+
+    def form_spy(*a):
+        form = real_form(*a)
+        forms.append(type(form).__name__ if form is not None else None)
+        return form
+
+    _contracting._lane_form = form_spy
 
     def spy(geo, avals):
         limit = real(geo, avals)
@@ -75,6 +92,7 @@ def main(names):
         if names and not any(n in name for n in names):
             continue
         seen.clear()
+        forms.clear()
         kernels._REFUSALS.clear()
         text = jax.jit(f).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
         print(f"{name}: {text.count('tpu_custom_call')} kernels, "
@@ -82,6 +100,8 @@ def main(names):
         for b, grid, limit, body, keyed in seen:
             print(f"  blocks {b.rows}x{b.cols} grid {grid[0]}x{grid[1]}: asks {limit / MiB:.0f} "
                   f"MiB of VMEM, body keeps {body / MiB:.1f} MiB{' (keyed)' if keyed else ''}")  # fmt: skip
+        if any(forms):
+            print(f"  states per lane: {sorted({f for f in forms if f})}")
         for e in kernels.refusals():
             print(f"  refused: {str(e)[:300]}")
 
