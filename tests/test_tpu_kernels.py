@@ -484,7 +484,8 @@ def test_fused_tiles_take_large_steps_on_a_tpu(monkeypatch):
     loss = lambda v, z, w: jnp.sum(jnp.abs(foldax.cauchy(v, z, w)) ** 2)  # noqa: E731
     body = lambda m, c: jnp.sum(jnp.where(m, c / (c - 1), 0), axis=1)  # noqa: E731
     jaxpr = jax.make_jaxpr(body)(jnp.ones((4, 128), bool), jnp.ones((4, 128), jnp.complex64))
-    assert _probe.peak_bytes(jaxpr.jaxpr, calls=True) == 4 * 8  # (only the (4,) sums kept)
+    on_tpu = _probe.peak_bytes(jaxpr.jaxpr, fused=_probe._FUSED_ON_TPU, calls=True)
+    assert on_tpu == 4 * 8  # (only the (4,) sums kept; jax 0.12 divides by parts)
     assert _probe.peak_bytes(jaxpr.jaxpr) >= 4 * 128 * 8  # (a CPU keeps the tile)
     real, plans = _loop.make_plan, []
     spy = lambda *a, **k: plans.append(real(*a, **k)) or plans[-1]  # noqa: E731

@@ -89,6 +89,19 @@ _FUSED = frozenset(
 )
 
 
+#: ... and, on a TPU (where XLA fuses every elementwise operation into its reduction), these
+#: too: a complex number's parts put together (jnp's complex division, from jax 0.12), the
+#: other elementwise functions
+_FUSED_ON_TPU = _FUSED | frozenset(
+    {
+        *("acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cbrt", "ceil", "clamp"),
+        *("complex", "conj", "cosh", "erf", "erfc", "expm1", "floor", "nextafter", "rem"),
+        *("round", "sinh", "tan", "xor", "shift_left", "shift_right_logical"),
+        "shift_right_arithmetic",
+    }
+)
+
+
 def _fuses(eqn, fused, calls) -> bool:
     """Whether XLA fuses ``eqn``'s results into their consumers: a ``fused`` primitive, or
     where ``calls``, a call (``jit``, such as ``jnp.where``; a custom derivative's) of such
@@ -149,7 +162,8 @@ def unit_bytes(spec, avals, only=False) -> float:
         ins = sum(_nbytes(a) for a in jax.tree.leaves(probe))
         _, tt, r = _probe_grid(spec.plan.kind, g, t)
         units = g * tt if spec.plan.kind == "dense" else r
-        return peak_bytes(jaxpr, calls=tpu) + ins, units
+        fused = _FUSED_ON_TPU if tpu else _FUSED
+        return peak_bytes(jaxpr, fused=fused, calls=tpu) + ins, units
 
     (b0, u0), (b1, u1) = measure(*small), measure(*big)
     return max((b1 - b0) / (u1 - u0), 1.0)
