@@ -40,14 +40,31 @@ def _distances(x_ref, yt_ref):
     return xx + yy - 2 * jnp.dot(x, yt, preferred_element_type=jnp.float32)
 
 
+def _started(m_ref, i_ref):
+    """The step along ``y``; at the first, the state's identity."""
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _():
+        m_ref[...] = jnp.full(m_ref.shape, BIG, jnp.float32)
+        i_ref[...] = jnp.zeros(i_ref.shape, jnp.float32)
+
+    return j
+
+
+def _finished(j, m_out, i_out, result):
+    """At the last step, each row's ``result()`` ``(min, index)`` written out."""
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        best, first = result()
+        m_out[...] = jnp.broadcast_to(best, m_out.shape)
+        i_out[...] = jnp.broadcast_to(first, i_out.shape)
+
+
 def _per_row(kind):
     def kernel(x_ref, yt_ref, m_out, i_out, m_ref, i_ref):
-        j = pl.program_id(1)
-
-        @pl.when(j == 0)
-        def _():
-            m_ref[...] = jnp.full(m_ref.shape, BIG, jnp.float32)
-            i_ref[...] = jnp.zeros(i_ref.shape, jnp.float32)
+        j = _started(m_ref, i_ref)
 
         d = _distances(x_ref, yt_ref)
         m = jnp.min(d, axis=1, keepdims=True)  # (BM, 1)
@@ -63,10 +80,7 @@ def _per_row(kind):
             i_ref[...] = jnp.where(better, at, i_ref[...])
         m_ref[...] = jnp.where(better, m, m_ref[...])
 
-        @pl.when(j == pl.num_programs(1) - 1)
-        def _():
-            m_out[...] = jnp.broadcast_to(m_ref[...], m_out.shape)
-            i_out[...] = jnp.broadcast_to(i_ref[...], i_out.shape)
+        _finished(j, m_out, i_out, lambda: (m_ref[...], i_ref[...]))
 
     return kernel, (BM, 1)
 
@@ -77,12 +91,7 @@ def lax_iota(dtype):
 
 def _lanes(kind):
     def kernel(x_ref, yt_ref, m_out, i_out, m_ref, i_ref):
-        j = pl.program_id(1)
-
-        @pl.when(j == 0)
-        def _():
-            m_ref[...] = jnp.full(m_ref.shape, BIG, jnp.float32)
-            i_ref[...] = jnp.zeros(i_ref.shape, jnp.float32)
+        j = _started(m_ref, i_ref)
 
         d = _distances(x_ref, yt_ref)
         m, at = m_ref[...], i_ref[...]
@@ -96,12 +105,11 @@ def _lanes(kind):
                 at = jnp.where(better, lane + c * LANES, at)
         m_ref[...], i_ref[...] = m, at
 
-        @pl.when(j == pl.num_programs(1) - 1)
-        def _():
+        def across():
             best = jnp.min(m, axis=1, keepdims=True)
-            first = jnp.min(jnp.where(m == best, at, BIG), axis=1, keepdims=True)
-            m_out[...] = jnp.broadcast_to(best, m_out.shape)
-            i_out[...] = jnp.broadcast_to(first, i_out.shape)
+            return best, jnp.min(jnp.where(m == best, at, BIG), axis=1, keepdims=True)
+
+        _finished(j, m_out, i_out, across)
 
     return kernel, (BM, LANES)
 

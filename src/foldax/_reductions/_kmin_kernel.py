@@ -14,8 +14,7 @@ from jax import lax
 
 from . import _kmin  # (its sort keys; it imports this module: read at trace time)
 from ._base import NO_INDEX
-
-LANES = 128
+from ._lanes import LANES, _chunks
 
 
 def tile_best(k, v, mask, index):
@@ -101,11 +100,9 @@ class KMinLanes:
         keys, idx = state
         big = jnp.iinfo(keys[0].dtype).max
         floats = jnp.issubdtype(v.dtype, jnp.floating)
-        cols = index.reshape(1, -1)
-        for lo in range(0, v.shape[1], LANES):
-            keep = mask[:, lo : lo + LANES]
-            x = jnp.where(keep, _kmin._sort_key(v[:, lo : lo + LANES]), big)
-            at = jnp.where(keep, jnp.broadcast_to(cols[:, lo : lo + LANES], x.shape), NO_INDEX)
+        for chunk, keep, cols in _chunks(v, mask, index):
+            x = jnp.where(keep, _kmin._sort_key(chunk), big)
+            at = jnp.where(keep, jnp.broadcast_to(cols, x.shape), NO_INDEX)
             keys, idx = _insert(keys, idx, x, at, ties_to_empty=not floats)
         return keys, idx
 
