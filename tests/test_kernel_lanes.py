@@ -106,7 +106,7 @@ def test_lane_states_equal_the_per_row_states(rng, name, dtype):
 
 def test_lane_states_are_what_a_kernel_keeps(monkeypatch):
     """Where a block's columns are whole lanes, the kernel folds the extrema lane by lane
-    (interpreted here; on a TPU where the kernels are asked for)."""
+    (interpreted here; compiled on a TPU)."""
     monkeypatch.setattr(_contracting, "DEFAULT_BLOCKS", _contracting.BlockSizes(128, 384))
     added = []
     real = _lanes.ExtremumLanes.add

@@ -359,16 +359,18 @@ def test_nearest_in_many_dimensions(rng, lowered, reduction):
 
 
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")
-def test_a_kernel_tested_interpreted_only_is_taken_when_asked():
-    """The k smallest's kernel, not yet compiled on a TPU, is lowered for one only when the
-    kernels are asked for; otherwise the XLA loop."""
-    x = jax.ShapeDtypeStruct((300, 3), jnp.float32)
-    for impl, kernels in ((None, 0), ("xla", 0), ("pallas", 1)):
-        f = lambda x, y, impl=impl: foldax.pairwise_reduce(  # noqa: E731
-            sqdist, x, y, reduction="kmin", k=5, implementation=impl
-        )
-        text = jax.jit(f).trace(x, x).lower(lowering_platforms=("tpu",)).as_text()
-        assert text.count("tpu_custom_call") == kernels
+def test_the_k_smallest_kernel_is_taken_where_it_keeps_lists_per_lane():
+    """On a TPU the k smallest's kernel is taken unasked where it keeps its lists per lane
+    (32-bit values in blocks of whole lanes); in half precision, where its lists would be per
+    row (slower there than the XLA loop), only when the kernels are asked for."""
+    for dtype, unasked in ((jnp.float32, 1), (jnp.bfloat16, 0)):
+        x = jax.ShapeDtypeStruct((300, 3), dtype)
+        for impl, kernels in ((None, unasked), ("xla", 0), ("pallas", 1)):
+            f = lambda x, y, impl=impl: foldax.pairwise_reduce(  # noqa: E731
+                sqdist, x, y, reduction="kmin", k=5, implementation=impl
+            )
+            text = jax.jit(f).trace(x, x).lower(lowering_platforms=("tpu",)).as_text()
+            assert text.count("tpu_custom_call") == kernels, (dtype, impl)
     with pytest.raises(ValueError, match="pairwise_reduce: implementation='gpu'"):
         foldax.pairwise_reduce(sqdist, np.ones((3, 2)), np.ones((3, 2)), implementation="gpu")
 

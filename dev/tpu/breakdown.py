@@ -123,21 +123,37 @@ def chamfer_parts():
             for c, f in saved:
                 c.streamed_rows = f
 
-    asked = lambda f: run.with_impl("pallas", f)  # (the extrema's lanes, on a TPU)
     ways = {
         "value_and_grad": grad,
-        "value_and_grad, kernels asked for": asked(grad),
+        "value_and_grad, kernels asked for": run.with_impl("pallas", grad),  # (the tie pass's too)
         "without the tie pass": no_ties,
         "forward": jax.vmap(chamfer),
-        "forward, kernels asked for": asked(jax.vmap(chamfer)),
         "argmin both ways": jax.vmap(deriv_forward),
-        "argmin both ways, kernels asked for": asked(jax.vmap(deriv_forward)),
     }
     run.row(f"chamfer parts 4 pairs N={n}", ways, (xs, ys))
     save()
 
 
-SECTIONS = {"knn_whole": knn_whole, "chamfer_parts": chamfer_parts}
+def chamfer_buffers():
+    """The largest buffers live at the peak of the Chamfer gradient (``foldax.memory.audit``)."""
+    n = int(os.environ.get("CHAMFER_N", "98304"))
+    xs, ys = run.normal((4, n, 3)), run.normal((4, n, 3))
+
+    def chamfer(x, y):
+        near = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="min")
+        return jnp.mean(near(x, y)) + jnp.mean(near(y, x))
+
+    report = foldax.memory.audit(jax.vmap(jax.value_and_grad(chamfer, (0, 1))), xs, ys, top=14)
+    print(report, flush=True)
+    results["rows"].append({"name": f"chamfer buffers 4 pairs N={n}", "audit": str(report)})
+    save()
+
+
+SECTIONS = {
+    "knn_whole": knn_whole,
+    "chamfer_parts": chamfer_parts,
+    "chamfer_buffers": chamfer_buffers,
+}
 
 if __name__ == "__main__":
     print(results["device"], jax.__version__, results.get("libtpu"), flush=True)

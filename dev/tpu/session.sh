@@ -4,7 +4,8 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, cauchy, knn, cli, knn_whole, chamfer_parts, argmin. A device call runs at most 10 minutes: run
+# STEPs: tests, chamfer, segments, cauchy, knn, cli, knn_whole, chamfer_parts, chamfer_buffers,
+# argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
 set -u
@@ -33,7 +34,7 @@ for step in $steps; do
       mv "$OUT/families.json" "$OUT/cauchy.json" ;;
     knn)  # the k-min kernel (its lists per lane, asked for) in 784 dimensions: its compile
       # time at 2,048 x 12,288, then the full k-NN against lax.map + lax.top_k
-      for sizes in 2048,12288,784 10240,60000,784; do
+      for sizes in ${KNN_ALL_SIZES:-2048,12288,784 10240,60000,784}; do
         KNN_SIZES=$sizes timeout 150 python "$here/run.py" knn 2>&1 | quiet | tee -a "$OUT/knn.log"
       done ;;
     cli)  # foldax audit on the TPU: its buffers at the peak, naive and with foldax
@@ -43,10 +44,10 @@ for step in $steps; do
       done ;;
     argmin)  # the min family's kernel by its states: per row, per lane (asked for), minimal
       timeout 120 python "$here/argmin_variants.py" 2>&1 | quiet | tee "$OUT/argmin.log" ;;
-    knn_whole|chamfer_parts)  # where the time goes (dev/tpu/breakdown.py)
+    knn_whole|chamfer_parts|chamfer_buffers)  # where the time goes (dev/tpu/breakdown.py)
       timeout 240 python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
     *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn cli" \
-      "knn_whole chamfer_parts argmin)" >&2; exit 2 ;;
+      "knn_whole chamfer_parts chamfer_buffers argmin)" >&2; exit 2 ;;
   esac
 done

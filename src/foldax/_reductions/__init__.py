@@ -29,8 +29,9 @@ A monoid describes one reduction as a small *state* per output slot (a tuple of 
   varies is not passed at all (a product with a broadcast zero is never formed: XLA:CPU has
   computed such products from unwritten memory);
 * optionally, for a reduction that picks values (max, min, their indices, the ``k`` smallest):
-  ``picks(info)`` the ``(S, P)`` indices of the rows whose values each slot's outputs are,
-  ``picked_tangent(info, dv)`` the outputs' tangents from the values' tangents ``(S, P, *F)`` at
+  ``picks(info)`` the ``(P, S)`` indices of the rows whose values each slot's outputs are (the
+  slots last, whole lanes on a TPU), ``picked_tangent(info, dv)`` the outputs' tangents from
+  the values' tangents ``(P, S, *F)`` at
   those pairs, and ``streamed_rows(info)`` the slots (``(S,)`` bool, or ``None``) that the
   picks do not settle: a dense fold's tangents are then taken at the picks alone
   (:mod:`foldax._engine._picks`).

@@ -102,7 +102,9 @@ class Monoid:
     #: whether an accelerator kernel folds tiles with this monoid's own ``reduce`` / ``combine``
     #: / ``outputs`` (their code is elementwise work and reductions along a tile's columns, which
     #: Mosaic lowers; :mod:`foldax._kernels.tpu`); ``"interpreted"``: a kernel form tested in
-    #: Pallas' interpret mode only, which a TPU takes when ``implementation="pallas"`` asks
+    #: Pallas' interpret mode only, which a TPU takes when ``implementation="pallas"`` asks;
+    #: ``"lanes"``: a TPU takes it unasked only where it keeps its state per lane
+    #: (``lanes_in_kernel``, :mod:`foldax._reductions._lanes`)
     pallas = False
 
     def combine(self, a, b):  # pragma: no cover - abstract
@@ -229,15 +231,15 @@ class Monoid:
 
 
 def picked_elements(dv):
-    """The tangents ``(S, P)`` of picked values, from the body's tangents ``dv`` ``(S, P, *F)``
+    """The tangents ``(P, S)`` of picked values, from the body's tangents ``dv`` ``(P, S, *F)``
     at each pick's pair: pick ``p`` is of output element ``p % prod(F)`` (a scalar kernel's
     picks are all of its one element)."""
-    s, p = dv.shape[:2]
+    p, s = dv.shape[:2]
     f = int(np.prod(dv.shape[2:], dtype=np.int64))
-    flat = dv.reshape(s, p, f)
+    flat = dv.reshape(p, s, f)
     if f == 1:
         return flat[..., 0]
-    which = (jnp.arange(p) % f)[None, :, None]
+    which = (jnp.arange(p) % f)[:, None, None]
     return jnp.take_along_axis(flat, which, axis=2)[..., 0]
 
 
@@ -301,11 +303,11 @@ class _ValuesAndIndices:
 
     def picks(self, info):
         (idx,) = info
-        return idx.reshape(idx.shape[0], -1)
+        return idx.reshape(idx.shape[0], -1).T
 
     def picked_tangent(self, info, dv):
         (idx,) = info
-        d = picked_elements(dv).reshape(idx.shape)
+        d = picked_elements(dv).T.reshape(idx.shape)
         return (jnp.where(idx != NO_INDEX, d, jnp.zeros((), d.dtype)), None)
 
     def streamed_rows(self, info):

@@ -415,12 +415,12 @@ class KMin(_ValuesAndIndices, Monoid):
         vals = jnp.where(keep, state[0], _from_key(keys, state[0].dtype))
         return vals, jnp.where(keep, state[1], idx)
 
-    #: its kernel form (:mod:`._kmin_kernel`) is tested interpreted; a TPU takes it when the
-    #: kernels are asked for
-    pallas = "interpreted"
+    #: its kernel form (:mod:`._kmin_kernel`): a TPU takes it unasked where it keeps its lists
+    #: per lane (on a TPU v5e 7.7x faster than the XLA loop, and per row 1.2x slower)
+    pallas = "lanes"
 
-    #: its lanes' form (:class:`._kmin_kernel.KMinLanes`) likewise
-    lanes_in_kernel = "interpreted"
+    #: its lanes' form (:class:`._kmin_kernel.KMinLanes`)
+    lanes_in_kernel = True
     #: the most rows and columns of a kernel's block: Mosaic writes each vector operation once
     #: per vector register, and the lanes' form makes some 60 per chunk of 128 columns, each
     #: on ``rows / 8`` registers (a step of 256 x 512: some 8,000 operations)

@@ -116,6 +116,13 @@ def serves(spec, in_avals, out_aval, platform, finish, blocks=None) -> bool:
     geo = _Geometry.of(spec, in_avals, blocks)
     if spec.pair_mask is not None and (spec.block_live is None or geo.gi * geo.gj > _MAX_TABLE):
         return False
+    if (
+        mon is not None
+        and mon.pallas == "lanes"
+        and not asked
+        and not _in_lanes(spec, geo, in_avals)
+    ):
+        return False  # (its state per row is slower on a TPU than the XLA loop)
     if blocks is None and geo.body > _BODY_BUDGET:
         return False  # (a body that meets many features pair by pair: not even 128 x 128 fits)
     interpret = platform != "tpu"
@@ -189,13 +196,17 @@ class _Geometry:
         geo = dataclasses.replace(self, b=b, gi=gi, gj=gj)
         return dataclasses.replace(geo, body=geo.tile_bytes(spec, in_avals))
 
-    def tile_bytes(self, spec, in_avals) -> int:
-        """The VMEM bytes the fold's body keeps live at once for one tile."""
+    def step_avals(self, in_avals):
+        """The avals of the body's arguments at one step (:func:`_tile_avals`)."""
         _, consts, slots, rows = in_avals
         if self.lanes:  # (as lower passes them: slots last)
             slots = [jax.ShapeDtypeStruct((*a.shape[1:], a.shape[0]), a.dtype) for a in slots]
+        return _tile_avals(self, consts, slots, rows)
+
+    def tile_bytes(self, spec, in_avals) -> int:
+        """The VMEM bytes the fold's body keeps live at once for one tile."""
         try:
-            return _body_bytes(spec, self, _tile_avals(spec, self, consts, slots, rows))
+            return _body_bytes(spec, self, self.step_avals(in_avals))
         except Exception:  # (a body the kernel cannot take: its lowering fails and is refused)
             return 0
 
@@ -254,7 +265,7 @@ class _Step:
     outs: tuple
 
 
-def _tile_avals(spec, geo, consts, slots, rows):
+def _tile_avals(geo, consts, slots, rows):
     """The avals of one step's arguments to the body: consts, a block of slots, one of rows,
     the mask, the rows' indices."""
     b = geo.b
@@ -300,6 +311,16 @@ def _monoid_step(spec, geo, finish, out_avals, platform):
     return update, shaped, out_avals
 
 
+def _in_lanes(spec, geo, in_avals) -> bool:
+    """Whether the fold's kernel on a TPU keeps its state per lane (:func:`_lane_form`)."""
+    body = spec.lanes_body if geo.lanes else spec.body
+    try:
+        vals = jax.eval_shape(body, *geo.step_avals(in_avals))[0]
+    except Exception:  # (a body the kernel cannot take)
+        return False
+    return _lane_form(spec, geo, spec.monoid.value_aval(vals), "tpu") is not None
+
+
 def _lane_form(spec, geo, row_aval, platform):
     """The monoid's lane-dense state (:mod:`foldax._reductions._lanes`) where it has one, for
     one scalar value per pair and blocks of whole lanes (on a TPU: 32-bit values, and where
@@ -341,7 +362,7 @@ def _pass(spec, geo, arrays, outer, live, step, *, interpret):
     table, or ``None``: all); returns ``step``'s outputs, whole."""
     consts, slots, rows = arrays
     update, shaped, out_avals = step
-    avals = _tile_avals(spec, geo, consts, slots, rows)
+    avals = _tile_avals(geo, consts, slots, rows)
     state, init, finish = shaped(avals)
     cols_aval = jax.ShapeDtypeStruct((geo.b.cols, 1), jnp.bool_)
     update = _precision.half_products_at_default(update, *avals[:4], cols_aval, avals[4], state)
