@@ -27,7 +27,8 @@ c = jax.jit(jax.vmap(jax.value_and_grad(chamfer, (0, 1)))).lower(x, x).compile()
 print("temp MiB", c.memory_analysis().temp_size_in_bytes / 2**20, flush=True)
 dump = re.search(r"--xla_dump_to=(\S+)", os.environ.get("XLA_FLAGS", "")).group(1)
 for path in glob.glob(os.path.join(dump, "*buffer-assignment.txt")):
-    text = open(path).read()
+    with open(path) as fh:
+        text = fh.read()
     allocs = re.findall(r"^allocation (\d+): size (\d+)(.*)$", text, re.M)
     big = sorted(allocs, key=lambda a: -int(a[1]))[:12]
     if not big or int(big[0][1]) < 2**20:
