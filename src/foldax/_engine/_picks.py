@@ -48,22 +48,41 @@ def applies(fold) -> bool:
 def values_at(spec, consts, slots, rows, idx):
     """The body's values ``(P, S, *F)`` of slot ``s`` with row ``idx[p, s]`` (clamped).
 
-    The picks lead: on a TPU an array's last two axes are tiled by (8, 128), and a few picks
-    or features last would pad each slot's handful of values to 128 lanes (a Chamfer
-    gradient's ``(4, 98304, 2, 3)`` gathered rows: 576 MiB)."""
+    The slots come last, in whole lanes on a TPU: there an array's last two axes are tiled by
+    (8, 128), and rows gathered with their few features last are padded to 128 lanes each
+    (a Chamfer gradient's 131,072 gathered 3-D points: 64 MiB, not 1.5). So each row array is
+    gathered from its features-first copy, ``(*F, P, S)``, a chunk of slots at a time."""
     axis, n = spec.plan.row_axis, spec.plan.n
-    p = idx.shape[0]
+    sources = [jnp.moveaxis(r, axis, -1) for r in rows]  # (*F, N)
+    p, s = idx.shape
+    width = p * sum(_aval(r).size // max(n, 1) * _aval(r).dtype.itemsize for r in rows)
 
-    def one(args):  # (one slot, one pick)
-        slot, at = args
-        at = jnp.minimum(at, n - 1)[None]
-        picked = tuple(jnp.take(r, at, axis=axis) for r in rows)
+    def one(slot, picked, at):  # one slot, one pick
+        picked = tuple(jnp.expand_dims(r, axis) for r in picked)
         ones = jnp.ones((1, 1), jnp.bool_)
-        vals = spec.body(consts, tuple(a[None] for a in slot), picked, ones, at)[0]
+        vals = spec.body(consts, tuple(a[None] for a in slot), picked, ones, at[None])[0]
         return jax.tree.map(lambda v: v[0, 0], vals)
 
-    width = p * sum(_aval(r).size // max(n, 1) * _aval(r).dtype.itemsize for r in rows)
-    return jax.vmap(lambda at: in_chunks(one, (slots, at), width))(idx)
+    def chunk(slot, at):  # a chunk of slots: ``(C, ...)`` and their picks ``(P, C)``
+        at = jnp.minimum(at, n - 1)
+        picked = [jnp.moveaxis(jnp.take(r, at, axis=-1), (-2, -1), (0, 1)) for r in sources]
+        return jax.vmap(jax.vmap(one), in_axes=(None, 0, 0))(slot, picked, at)
+
+    size = max(1, GATHER_BYTES // max(width, 1))
+    if size >= s:
+        return chunk(slots, idx)
+    count = -(-s // size)
+    pad = lambda a, ax: jnp.pad(
+        a, [(0, count * size - s) if d == ax else (0, 0) for d in range(a.ndim)]
+    )  # noqa: E731
+    split = lambda a, ax: jnp.moveaxis(
+        pad(a, ax).reshape(*a.shape[:ax], count, size, *a.shape[ax + 1 :]), ax, 0
+    )  # noqa: E731
+    outs = jax.lax.map(lambda a: chunk(*a), ([split(a, 0) for a in slots], split(idx, 1)))
+    # (count, P, C, *F) -> (P, S, *F)
+    return jax.tree.map(
+        lambda o: jnp.moveaxis(o, 0, 1).reshape(p, count * size, *o.shape[3:])[:, :s], outs
+    )
 
 
 def _floats(fold, primals, outs, tangents_in):
