@@ -72,17 +72,19 @@ def values_at(spec, consts, slots, rows, idx):
     if size >= s:
         return chunk(slots, idx)
     count = -(-s // size)
-    pad = lambda a, ax: jnp.pad(
-        a, [(0, count * size - s) if d == ax else (0, 0) for d in range(a.ndim)]
-    )  # noqa: E731
-    split = lambda a, ax: jnp.moveaxis(
-        pad(a, ax).reshape(*a.shape[:ax], count, size, *a.shape[ax + 1 :]), ax, 0
-    )  # noqa: E731
-    outs = jax.lax.map(lambda a: chunk(*a), ([split(a, 0) for a in slots], split(idx, 1)))
-    # (count, P, C, *F) -> (P, S, *F)
+    parts = ([_split(a, 0, count, size) for a in slots], _split(idx, 1, count, size))
+    outs = jax.lax.map(lambda a: chunk(*a), parts)  # (count, P, size, *F)
     return jax.tree.map(
         lambda o: jnp.moveaxis(o, 0, 1).reshape(p, count * size, *o.shape[3:])[:, :s], outs
     )
+
+
+def _split(a, axis, count, size):
+    """``a`` padded along ``axis`` to ``count * size`` and split there into ``count`` chunks of
+    ``size``, the chunks leading."""
+    pad = [(0, count * size - a.shape[axis]) if d == axis else (0, 0) for d in range(a.ndim)]
+    a = jnp.pad(a, pad)
+    return jnp.moveaxis(a.reshape(*a.shape[:axis], count, size, *a.shape[axis + 1 :]), axis, 0)
 
 
 def _floats(fold, primals, outs, tangents_in):
