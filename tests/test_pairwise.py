@@ -930,14 +930,15 @@ def test_check_grads_float64(rng):
         )
 
 
-@pytest.mark.parametrize("reduction", ["min", "kmin"])
-def test_picked_gradients_gathered_in_chunks(rng, monkeypatch, reduction):
+@pytest.mark.parametrize("reduction, d", [("min", 5), ("kmin", 5), ("min", 130)])
+def test_picked_gradients_gathered_in_chunks(rng, monkeypatch, reduction, d):
     """The derivatives of the min family gather the picked rows a chunk of slots at a time
-    (here a few slots per chunk, the last one partial): derivatives forward and reverse
-    against float64 finite differences, and a gradient equal to one gather of them all."""
+    (here a few slots per chunk, the last one partial), narrow rows from a features-first
+    copy, rows wider than a lane as they are: derivatives forward and reverse against float64
+    finite differences, and a gradient equal to one gather of them all."""
     from foldax._engine import _picks
 
-    x, y = rng.normal(size=(11, 5)), rng.normal(size=(17, 5))
+    x, y = rng.normal(size=(11, d)), rng.normal(size=(17, d))
     kw = {"k": 3} if reduction == "kmin" else {}
     sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
     f = lambda x, y: jax.tree.leaves(foldax.pairwise_reduce(sq, x, y, reduction=reduction, **kw))[0]  # noqa: E731
@@ -945,7 +946,7 @@ def test_picked_gradients_gathered_in_chunks(rng, monkeypatch, reduction):
     with jax.enable_x64(True):
         x, y = jnp.asarray(x), jnp.asarray(y)
         whole = jax.jit(jax.grad(loss, (0, 1)))(x, y)
-        monkeypatch.setattr(_picks, "GATHER_BYTES", 250)  # (chunks of 6 / 2 slots)
+        monkeypatch.setattr(_picks, "GATHER_BYTES", 50 * d)  # (chunks of 6 / 2 slots)
         chunked = jax.jit(jax.grad(loss, (0, 1)))(x, y)
         for a, b in zip(whole, chunked, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -96,15 +96,21 @@ def knn_whole():
     compiled_row(f"knn k=10 {m}x{n} D={d}", ways, (q, data))
 
 
+def chamfer(x, y):
+    near = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="min")
+    return jnp.mean(near(x, y)) + jnp.mean(near(y, x))
+
+
+def clouds():
+    """4 pairs of ``CHAMFER_N`` (98,304) 3-D points: ``(n, xs, ys)``."""
+    n = int(os.environ.get("CHAMFER_N", "98304"))
+    return n, run.normal((4, n, 3)), run.normal((4, n, 3))
+
+
 def chamfer_parts():
     from foldax._reductions import _base, _extremum
 
-    n = int(os.environ.get("CHAMFER_N", "98304"))
-    xs, ys = run.normal((4, n, 3)), run.normal((4, n, 3))
-
-    def chamfer(x, y):
-        near = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="min")
-        return jnp.mean(near(x, y)) + jnp.mean(near(y, x))
+    n, xs, ys = clouds()
 
     def deriv_forward(x, y):  # the folds a gradient's forward runs: the indices kept
         far = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="argmin")
@@ -136,13 +142,7 @@ def chamfer_parts():
 
 def chamfer_buffers():
     """The largest buffers live at the peak of the Chamfer gradient (``foldax.memory.audit``)."""
-    n = int(os.environ.get("CHAMFER_N", "98304"))
-    xs, ys = run.normal((4, n, 3)), run.normal((4, n, 3))
-
-    def chamfer(x, y):
-        near = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="min")
-        return jnp.mean(near(x, y)) + jnp.mean(near(y, x))
-
+    n, xs, ys = clouds()
     report = foldax.memory.audit(jax.vmap(jax.value_and_grad(chamfer, (0, 1))), xs, ys, top=14)
     print(report, flush=True)
     results["rows"].append({"name": f"chamfer buffers 4 pairs N={n}", "audit": str(report)})

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._jax import Zero
+from .._reductions._lanes import LANES
 from ._spec import _aval, _is_float, _is_zero, _zero_tangent, take_at
 
 #: Bytes of gathered rows evaluated at once (more rows of slots are walked in a loop).
@@ -50,10 +51,11 @@ def values_at(spec, consts, slots, rows, idx):
 
     The slots come last, in whole lanes on a TPU: there an array's last two axes are tiled by
     (8, 128), and rows gathered with their few features last are padded to 128 lanes each
-    (a Chamfer gradient's 131,072 gathered 3-D points: 64 MiB, not 1.5). So each row array is
-    gathered from its features-first copy, ``(*F, P, S)``, a chunk of slots at a time."""
+    (a Chamfer gradient's 131,072 gathered 3-D points: 64 MiB, not 1.5). So rows of fewer
+    features than a lane holds are gathered from their features-first copy, ``(*F, P, S)``
+    (wider ones as they are), a chunk of slots at a time."""
     axis, n = spec.plan.row_axis, spec.plan.n
-    sources = [jnp.moveaxis(r, axis, -1) for r in rows]  # (*F, N)
+    sources = [_features_first(r, axis) for r in rows]
     p, s = idx.shape
     width = p * sum(_aval(r).size // max(n, 1) * _aval(r).dtype.itemsize for r in rows)
 
@@ -65,7 +67,10 @@ def values_at(spec, consts, slots, rows, idx):
 
     def chunk(slot, at):  # a chunk of slots: ``(C, ...)`` and their picks ``(P, C)``
         at = jnp.minimum(at, n - 1)
-        picked = [jnp.moveaxis(jnp.take(r, at, axis=-1), (-2, -1), (0, 1)) for r in sources]
+        picked = [
+            jnp.moveaxis(jnp.take(r, at, axis=-1), (-2, -1), (0, 1)) if first else r[at]
+            for r, first in sources
+        ]
         return jax.vmap(jax.vmap(one), in_axes=(None, 0, 0))(slot, picked, at)
 
     size = max(1, GATHER_BYTES // max(width, 1))
@@ -77,6 +82,16 @@ def values_at(spec, consts, slots, rows, idx):
     return jax.tree.map(
         lambda o: jnp.moveaxis(o, 0, 1).reshape(p, count * size, *o.shape[3:])[:, :s], outs
     )
+
+
+def _features_first(rows, axis):
+    """``(rows, True)`` with their features first, ``(*F, N)``, where a row has fewer features
+    than a lane holds (a copy where they are last); else ``(rows, False)``, ``(N, *F)``."""
+    if axis == -1:
+        return rows, True
+    if rows.size // max(rows.shape[0], 1) < LANES:
+        return jnp.moveaxis(rows, 0, -1), True
+    return rows, False
 
 
 def _split(a, axis, count, size):
