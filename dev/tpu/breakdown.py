@@ -8,6 +8,7 @@ SECTIONs:
   knn_whole: k nearest (k = 10, 784 dimensions) as blocks of every column, one top-k per
     block (the engine's ``whole_rows`` plan forced to 16 / 128 / 1024 rows), against a
     ``lax.map`` of a GEMM distance block and ``lax.top_k`` (``KNN_SIZES=M,N,D``);
+  knn_compile: where the k-NN's compile time goes, part by part (``KNN_SIZES``);
   chamfer_parts: the vmapped Chamfer gradient of 4 pairs of 98k points, whole; without its
     pass over three-way ties; its forward folds alone (``CHAMFER_N`` points); with the kernels
     asked for (``implementation="pallas"``: the extrema's states per lane).
@@ -96,6 +97,88 @@ def knn_whole():
     compiled_row(f"knn k=10 {m}x{n} D={d}", ways, (q, data))
 
 
+def knn_compile():
+    """Where the k-NN's compile time goes (``KNN_SIZES=M,N,D``): trace and lower, then compile,
+    of the whole k-NN, of its candidates' k-min fold alone (the matrix-product form), of the
+    whole without the re-fold of the rows it cannot certify, and of the exact kernel's plain
+    k-min fold (what that re-fold is), against the ``lax.map`` way."""
+    from foldax._pairwise import _distances
+    from foldax._reductions import KMin
+
+    m, n, d = map(int, os.environ.get("KNN_SIZES", "10240,60000,784").split(","))
+    q, data = run.normal((m, d)), run.normal((n, d))
+    hi = jax.lax.Precision.HIGHEST
+    approx = lambda a, b: jnp.sum(a * a) + jnp.sum(b * b) - 2 * jnp.dot(a, b, precision=hi)
+    unmatched = lambda a, b: jnp.sum(jnp.abs(a - b) ** 2)  # the same values, not recognized
+    knn = lambda kernel, k=10, **kw: (
+        lambda q, x: foldax.pairwise_reduce(kernel, q, x, reduction="kmin", k=k, **kw)
+    )
+
+    def lmap(q, x, block=1024):
+        def one(qb):
+            dist = jnp.sum(qb**2, 1)[:, None] + jnp.sum(x**2, 1)[None] - 2 * qb @ x.T
+            return jax.lax.top_k(-dist, 10)
+
+        return jax.lax.map(one, q.reshape(-1, block, d))
+
+    real = _distances._certified
+    ways = {
+        "lax.map": lmap,
+        "whole": knn(sq),
+        "candidates (k-min of the product form, k=18)": knn(approx, 18),
+        "plain k-min fold of the exact kernel": knn(unmatched),
+        "plain k-min fold, XLA": knn(unmatched, implementation="xla"),
+    }
+    for tile in ((128, 512), (128, 256), (256, 256), (512, 512)):
+        ways[f"candidates, k-min kernel tile {tile}"] = (knn(approx, 18), tile)
+    out = {"name": f"knn compile {m}x{n} D={d}"}
+    tile0 = KMin.kernel_tile
+    for way, f in [*ways.items(), ("whole without the re-fold", None)]:
+        if f is None:
+            f = knn(sq)
+            _distances._certified = _no_refold(real)
+        if isinstance(f, tuple):
+            f, KMin.kernel_tile = f
+        try:
+            t0 = time.perf_counter()
+            lowered = jax.jit(lambda *a, f=f: f(*a)).lower(q, data)
+            t1 = time.perf_counter()
+            g = lowered.compile()
+            t2 = time.perf_counter()
+        except Exception as e:
+            out[way] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+            print(way, out[way], flush=True)
+            continue
+        finally:
+            _distances._certified, KMin.kernel_tile = real, tile0
+        jax.block_until_ready(g(q, data))
+        t3 = time.perf_counter()
+        jax.block_until_ready(g(q, data))
+        out[way] = {
+            "lower_s": t1 - t0,
+            "compile_s": t2 - t1,
+            "ms": (time.perf_counter() - t3) * 1e3,
+        }
+        print(f"{way}: trace+lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, "
+              f"a call {out[way]['ms']:.1f} ms", flush=True)  # fmt: skip
+    results["rows"].append(out)
+    save()
+
+
+def _no_refold(real):
+    """``_certified`` of a k-min without its re-fold of the rows not certified (zeros in their
+    place: for timing the compile only)."""
+
+    def certified(conv, consts, x, y, mon, approx, plain, leaves):
+        def zeros(mon, consts, x, y, mask, rows_first=False):
+            m = jax.tree.leaves(x)[0].shape[0]
+            return (jnp.zeros((m, mon.k), jnp.float32), jnp.zeros((m, mon.k), jnp.int32)), mon
+
+        return real(conv, consts, x, y, mon, approx, zeros, leaves)
+
+    return certified
+
+
 def chamfer(x, y):
     near = lambda a, b: foldax.pairwise_reduce(sq, a, b, reduction="min")
     return jnp.mean(near(x, y)) + jnp.mean(near(y, x))
@@ -153,6 +236,7 @@ SECTIONS = {
     "knn_whole": knn_whole,
     "chamfer_parts": chamfer_parts,
     "chamfer_buffers": chamfer_buffers,
+    "knn_compile": knn_compile,
 }
 
 if __name__ == "__main__":

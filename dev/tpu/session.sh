@@ -4,8 +4,8 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, cauchy, knn, cli, knn_whole, chamfer_parts, chamfer_buffers,
-# argmin. A device call runs at most 10 minutes: run
+# STEPs: tests, chamfer, segments, segments_rest, cauchy_rows, cauchy, knn, cli, knn_whole,
+# knn_compile, chamfer_parts, chamfer_buffers, argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
 set -u
@@ -29,6 +29,13 @@ for step in $steps; do
       FAMILIES_ORDERS=sorted FAMILIES_SEGMENTS=segment_sum,segment_max,segment_softmax \
         timeout 150 python "$here/families.py" segments 2>&1 | quiet | tee "$OUT/segments.log"
       mv "$OUT/families.json" "$OUT/segments.json" ;;
+    segments_rest)  # sorted ids: the mean, the log-sum-exp and the softmax
+      FAMILIES_ORDERS=sorted FAMILIES_SEGMENTS=segment_mean,segment_logsumexp,segment_softmax \
+        timeout 400 python "$here/families.py" segments 2>&1 | quiet | tee "$OUT/segments_rest.log"
+      mv "$OUT/families.json" "$OUT/segments_rest.json" ;;
+    cauchy_rows)  # S4's Cauchy kernel, forward and gradient, against the broadcast sum
+      timeout 150 python "$here/families.py" cauchy 2>&1 | quiet | tee "$OUT/cauchy_rows.log"
+      mv "$OUT/families.json" "$OUT/cauchy_rows.json" ;;
     cauchy)  # which step a TPU wants for an elementwise kernel
       timeout 100 python "$here/families.py" cauchy_sweep 2>&1 | quiet | tee "$OUT/cauchy.log"
       mv "$OUT/families.json" "$OUT/cauchy.json" ;;
@@ -44,10 +51,11 @@ for step in $steps; do
       done ;;
     argmin)  # the min family's kernel by its states: per row, per lane (asked for), minimal
       timeout 120 python "$here/argmin_variants.py" 2>&1 | quiet | tee "$OUT/argmin.log" ;;
-    knn_whole|chamfer_parts|chamfer_buffers)  # where the time goes (dev/tpu/breakdown.py)
-      timeout 240 python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
+    knn_whole|knn_compile|chamfer_parts|chamfer_buffers)  # where the time goes (dev/tpu/breakdown.py)
+      timeout "$([ "$step" = knn_compile ] && echo 330 || echo 240)" python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
-    *) echo "session.sh: no step $step (steps: tests chamfer segments cauchy knn cli" \
-      "knn_whole chamfer_parts chamfer_buffers argmin)" >&2; exit 2 ;;
+    *) echo "session.sh: no step $step (steps: tests chamfer segments segments_rest" \
+      "cauchy_rows cauchy knn cli knn_whole knn_compile chamfer_parts chamfer_buffers argmin)" >&2
+      exit 2 ;;
   esac
 done
