@@ -122,23 +122,28 @@ def knn_compile():
         return jax.lax.map(one, q.reshape(-1, block, d))
 
     real = _distances._certified
-    ways = {
-        "lax.map": lmap,
-        "whole": knn(sq),
-        "candidates (k-min of the product form, k=18)": knn(approx, 18),
-        "plain k-min fold of the exact kernel": knn(unmatched),
-        "plain k-min fold, XLA": knn(unmatched, implementation="xla"),
+    ways = {  # way: (function, the k-min kernel's tile, a replacement of _certified)
+        "lax.map": (lmap, None, None),
+        "whole": (knn(sq), None, None),
+        "candidates (k-min of the product form, k=18)": (knn(approx, 18), None, None),
+        "plain k-min fold of the exact kernel": (knn(unmatched), None, None),
+        "plain k-min fold, XLA": (knn(unmatched, implementation="xla"), None, None),
+        "whole without the re-fold": (knn(sq), None, _no_refold(real)),
+        "whole, the re-fold by the XLA loop": (knn(sq), None, _xla_refold(real)),
     }
-    for tile in ((128, 512), (128, 256), (256, 256), (512, 512)):
-        ways[f"candidates, k-min kernel tile {tile}"] = (knn(approx, 18), tile)
+    for tile in ((128, 512), (128, 256), (256, 256)):
+        ways[f"candidates, k-min kernel tile {tile}"] = (knn(approx, 18), tile, None)
+        ways[f"whole, k-min kernel tile {tile}"] = (knn(sq), tile, None)
+        ways[f"whole, tile {tile}, the re-fold by the XLA loop"] = (
+            knn(sq), tile, _xla_refold(real))  # fmt: skip
+    chosen = os.environ.get("KNN_COMPILE_WAYS")
+    if chosen:
+        ways = {w: v for w, v in ways.items() if w in chosen.split(";")}
     out = {"name": f"knn compile {m}x{n} D={d}"}
     tile0 = KMin.kernel_tile
-    for way, f in [*ways.items(), ("whole without the re-fold", None)]:
-        if f is None:
-            f = knn(sq)
-            _distances._certified = _no_refold(real)
-        if isinstance(f, tuple):
-            f, KMin.kernel_tile = f
+    for way, (f, tile, certified) in ways.items():
+        KMin.kernel_tile = tile or tile0
+        _distances._certified = certified or real
         try:
             t0 = time.perf_counter()
             lowered = jax.jit(lambda *a, f=f: f(*a)).lower(q, data)
@@ -163,6 +168,20 @@ def knn_compile():
               f"a call {out[way]['ms']:.1f} ms", flush=True)  # fmt: skip
     results["rows"].append(out)
     save()
+
+
+def _xla_refold(real):
+    """``_certified`` with its re-fold of the rows not certified by the XLA loop."""
+    from foldax import _engine
+
+    def certified(conv, consts, x, y, mon, approx, plain, leaves):
+        def xla(*args, **kwargs):
+            with _engine.implementation("xla"):
+                return plain(*args, **kwargs)
+
+        return real(conv, consts, x, y, mon, approx, xla, leaves)
+
+    return certified
 
 
 def _no_refold(real):

@@ -4,7 +4,7 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, segments_rest, cauchy_rows, cauchy, knn, cli, knn_whole,
+# STEPs: tests, chamfer, segments, segments_rest, segments_mean, cauchy_rows, cauchy, knn, cli, knn_whole,
 # knn_compile, chamfer_parts, chamfer_buffers, argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
@@ -33,6 +33,10 @@ for step in $steps; do
       FAMILIES_ORDERS=sorted FAMILIES_SEGMENTS=segment_mean,segment_logsumexp,segment_softmax \
         timeout 400 python "$here/families.py" segments 2>&1 | quiet | tee "$OUT/segments_rest.log"
       mv "$OUT/families.json" "$OUT/segments_rest.json" ;;
+    segments_mean)  # the mean, unsorted and sorted ids
+      FAMILIES_SEGMENTS=segment_mean timeout 300 python "$here/families.py" segments 2>&1 \
+        | quiet | tee "$OUT/segments_mean.log"
+      mv "$OUT/families.json" "$OUT/segments_mean.json" ;;
     cauchy_rows)  # S4's Cauchy kernel, forward and gradient, against the broadcast sum
       timeout 150 python "$here/families.py" cauchy 2>&1 | quiet | tee "$OUT/cauchy_rows.log"
       mv "$OUT/families.json" "$OUT/cauchy_rows.json" ;;
@@ -54,7 +58,7 @@ for step in $steps; do
     knn_whole|knn_compile|chamfer_parts|chamfer_buffers)  # where the time goes (dev/tpu/breakdown.py)
       timeout "$([ "$step" = knn_compile ] && echo 330 || echo 240)" python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
-    *) echo "session.sh: no step $step (steps: tests chamfer segments segments_rest" \
+    *) echo "session.sh: no step $step (steps: tests chamfer segments segments_rest segments_mean" \
       "cauchy_rows cauchy knn cli knn_whole knn_compile chamfer_parts chamfer_buffers argmin)" >&2
       exit 2 ;;
   esac

@@ -32,6 +32,8 @@ Kinds (the fold's arguments are ``(arrays, consts, slots, rows)``; ``arrays = (i
   scatter-max, then a scatter-add of ``exp(x - max)`` -- the per-segment shift kept;
 * ``"lse_gather"``: the cotangent fold of a log-sum-exp from its result's cotangent alone:
   outputs ``((), (), (g * softmax weight per row,))`` from ``slots = (m, rel, g)``;
+* ``"mean_gather"``: the cotangent fold of a mean from its result's cotangent alone: outputs
+  ``((), (), ((g / count)[ids],))`` from ``slots = (count, g)``, divided per slot;
 * ``"runs_logsumexp"`` / ``"runs_logmeanexp"``: a log-sum-exp of one value per row over
   contiguous segments (a ``"tiles"`` plan) in one read of the data (:mod:`._runs`); their
   derived folds walk;
@@ -62,6 +64,7 @@ DERIVED = {
     "scatter_tangent": {},
     "gather": {},
     "lse_gather": {},
+    "mean_gather": _WHOLE,
     "runs_logsumexp": {},
     "runs_logmeanexp": {},
 }
@@ -78,15 +81,20 @@ def derived(parent, derivative, shape):
 
     A log-sum-exp's gradient with respect to its rows, from its result's cotangent alone (what
     ``segment_logsumexp`` / ``segment_logmeanexp`` take), is ``"lse_gather"``: per row, the
-    segment's cotangent times its softmax weight -- two gathers and an exponential."""
-    if (
-        parent in _LOGSUMEXPS
-        and derivative == "vjp"
+    segment's cotangent times its softmax weight -- two gathers and an exponential. A mean's is
+    ``"mean_gather"``: the cotangent divided by the count per segment, then gathered (one
+    gather, as ``jax.ops``' own gradient; the rows' own division gathered the counts too and
+    took twice its time on a TPU)."""
+    result_only = (
+        derivative == "vjp"
         and (shape.nc, shape.ns, shape.nr, tuple(shape.nz)) == (0, 0, 1, (True,))
         and tuple(shape.gnz[:1]) == (True,)
         and not any(shape.gnz[1:])
-    ):
+    )
+    if result_only and parent in _LOGSUMEXPS:
         return "lse_gather"
+    if result_only and parent == "scatter_mean":
+        return "mean_gather"
     return DERIVED[parent].get(derivative) if parent else None
 
 
@@ -206,6 +214,16 @@ def _lse_gather(ix, slots, rows):
     return (), (), (out.astype(x.dtype),)
 
 
+def _mean_gather(ix, slots, rows):
+    """Per row ``g / count`` of its segment (``slots``: the mean's info ``(count,)``, the
+    count in the result's real dtype, and its result's cotangent ``g``), divided per segment
+    and gathered once; 0 on rows dropped. As :meth:`foldax._reductions.Mean.row_cotangent`."""
+    count, g = slots[0], slots[-1]
+    dt = g.dtype if jnp.issubdtype(g.dtype, jnp.complexfloating) else count.dtype
+    share = g.astype(dt) / jnp.maximum(count, 1).astype(dt)
+    return (), (), (ix.kept(ix.at_rows(share.astype(rows[0].dtype))),)
+
+
 def _hits(x, ix, m):
     """The rows that attain their slot's extreme ``m`` (a row dropped may read as one: the
     scatter drops it again; so the shifted exponentials of the log-sum-exp)."""
@@ -228,6 +246,7 @@ _LOWER = {
     "scatter_logsumexp": _logsumexp(False),
     "scatter_logmeanexp": _logsumexp(True),
     "lse_gather": _lse_gather,
+    "mean_gather": _mean_gather,
 }
 
 
@@ -258,6 +277,7 @@ _ON_TPU = (
     "scatter_logsumexp",
     "scatter_logmeanexp",
     "lse_gather",
+    "mean_gather",
 )
 
 
