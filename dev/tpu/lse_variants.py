@@ -1,0 +1,124 @@
+# ruff: noqa: E731
+"""On a TPU: a segment log-sum-exp's gradient (E rows of F features into V segments, sorted ids)
+by the ways its rows' weights could be gathered, against ``jax.ops``' program (which keeps the
+forward's exponentials). Each way compiled once, then the median of 7 calls; writes
+``$OUT/lse_variants.json``.
+
+    PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/lse_variants.py [E,V,F]
+
+Ways (``foldax._engine._direct``'s ``lse_gather`` replaced for the run): ``two gathers`` (the
+shift and the scale per segment, as foldax does), ``the forward's gather`` (the max gathered
+as the forward gathers it, which XLA may compute once), ``the forward's exponentials`` (the
+forward's whole expression, gather and exponential), ``one gather`` (shift and scale side by
+side, one gather of rows twice as wide).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import foldax
+from foldax._engine import _direct
+
+OUT = os.environ.get("OUT", "/tmp")
+E, V, F = map(int, (sys.argv[1] if len(sys.argv) > 1 else "4000000,400000,128").split(","))
+finite = lambda a: jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
+
+
+def _scale(m, rel, g):
+    g = g.astype(rel.dtype)
+    scale = jnp.where((m > -jnp.inf) & (g != 0), g * jnp.exp(-rel), jnp.zeros_like(rel))
+    return jnp.where((m == jnp.inf) & (g != 0), jnp.full_like(rel, jnp.nan), scale)
+
+
+def _finish(ix, x, a, e, m_r, scale_r):
+    live = ~jnp.isnan(m_r) & (scale_r != 0) & (a != -jnp.inf)
+    live = live if ix.in_range else live & ix.keep(x.ndim)
+    return (), (), (jnp.where(live, e * scale_r, jnp.zeros_like(e)).astype(x.dtype),)
+
+
+def forward_gather(ix, slots, rows):
+    x, (m, rel, g) = rows[0], slots
+    m_r, scale_r = ix.at_rows(m), ix.at_rows(_scale(m, rel, g))
+    shift_r = jnp.where(m_r == -jnp.inf, jnp.zeros_like(m_r), m_r)
+    a = x - shift_r
+    return _finish(ix, x, a, jnp.exp(a), m_r, scale_r)
+
+
+def forward_exp(ix, slots, rows):
+    x, (m, rel, g) = rows[0], slots
+    m_r, scale_r = ix.at_rows(m), ix.at_rows(_scale(m, rel, g))
+    e = jnp.exp(x - finite(m_r))
+    a = jnp.where((m_r == jnp.inf) & (x != jnp.inf), -jnp.inf, x)
+    return _finish(ix, x, a, e, m_r, scale_r)
+
+
+def one_gather(ix, slots, rows):
+    x, (m, rel, g) = rows[0], slots
+    if x.ndim != 2:
+        return _direct._lse_gather(ix, slots, rows)
+    shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m)
+    both = ix.at_rows(jnp.concatenate([shift, _scale(m, rel, g)], axis=1))
+    shift_r, scale_r = both[:, : x.shape[1]], both[:, x.shape[1] :]
+    a = x - shift_r
+    return _finish(ix, x, a, jnp.exp(a), shift_r, scale_r)
+
+
+def main():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((E, F)), jnp.float32)
+    ids = jnp.asarray(np.sort(rng.integers(0, V, E)), jnp.int32)
+    w = jnp.asarray(rng.standard_normal((V, F)), jnp.float32)
+
+    def plain(x, i):
+        m = jax.lax.stop_gradient(jax.ops.segment_max(x, i, V, indices_are_sorted=True))
+        e = jnp.exp(x - m[i])
+        return m + jnp.log(jax.ops.segment_sum(e, i, V, indices_are_sorted=True))
+
+    ours = lambda x, i: foldax.segment_logsumexp(x, i, V, indices_are_sorted=True)
+    grad = lambda f: jax.grad(lambda x, i: jnp.sum(f(x, i) * w))
+    real = _direct._LOWER["lse_gather"]
+    ways = {
+        "jax.ops": (plain, None),
+        "two gathers": (ours, real),
+        "the forward's gather": (ours, forward_gather),
+        "the forward's exponentials": (ours, forward_exp),
+        "one gather": (ours, one_gather),
+    }
+    results = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "E,V,F": [E, V, F]}
+    want = None
+    for way, (f, lower) in ways.items():
+        _direct._LOWER["lse_gather"] = lower or real
+        try:
+            t0 = time.perf_counter()
+            g = jax.jit(grad(f)).lower(x, ids).compile()
+            compile_s = time.perf_counter() - t0
+        finally:
+            _direct._LOWER["lse_gather"] = real
+        got = jax.block_until_ready(g(x, ids))
+        want = got if want is None else want
+        ts = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            jax.block_until_ready(g(x, ids))
+            ts.append(time.perf_counter() - t0)
+        results[way] = {
+            "ms": float(np.median(ts)) * 1e3,
+            "compile_s": compile_s,
+            "temp_mib": g.memory_analysis().temp_size_in_bytes / 2**20,
+            "max_diff_from_jax_ops": float(jnp.max(jnp.abs(got - want))),
+        }
+        print(way, results[way], flush=True)
+        with open(os.path.join(OUT, "lse_variants.json"), "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
