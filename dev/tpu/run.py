@@ -410,9 +410,14 @@ def chamfer_rows():
         near_y = foldax.pairwise_reduce(sq, y, x, reduction="min")
         return jnp.mean(near_x) + jnp.mean(near_y)
 
-    for n in (16_384,) if QUICK else (16_384, 98_304):
+    sizes = (16_384,) if QUICK else (16_384, 98_304)
+    light = os.environ.get("CHAMFER_SIZES")  # (only these sizes, only the gradient as chosen)
+    for n in tuple(map(int, light.split(","))) if light else sizes:
         xs, ys = normal((4, n, 3)), normal((4, n, 3))
         ours = jax.vmap(jax.value_and_grad(chamfer, (0, 1)))
+        if light:
+            row(f"chamfer+grad 4 pairs N={n}", {"foldax": ours}, (xs, ys))
+            continue
         ways = {"foldax": ours, "foldax_pallas": with_impl("pallas", ours)}
         if n < 50_000:  # (the XLA fold's gradient: ~3 s a call at 98k)
             ways["foldax_xla"] = with_impl("xla", ours)

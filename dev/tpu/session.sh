@@ -4,8 +4,9 @@
 #
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
-# STEPs: tests, chamfer, segments, segments_rest, segments_mean, segments_softmax, lse, cauchy_rows, cauchy, knn, cli, knn_whole,
-# knn_compile, chamfer_parts, chamfer_buffers, argmin. A device call runs at most 10 minutes: run
+# STEPs: tests, chamfer, chamfer_98k, segments, segments_rest, segments_mean,
+# segments_softmax, lse, cauchy_rows, cauchy, knn, cli, knn_whole, knn_compile, chamfer_parts,
+# chamfer_buffers, argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
 set -u
@@ -25,6 +26,10 @@ for step in $steps; do
       # sized for VMEM; the pass over tied rows restricted to them)
       timeout 240 python "$here/run.py" chamfer 2>&1 | quiet | tee "$OUT/chamfer.log"
       mv "$OUT/tpu.json" "$OUT/chamfer.json" ;;
+    chamfer_98k)  # the Chamfer gradient at 98,304 points alone, as chosen
+      CHAMFER_SIZES=98304 timeout 120 python "$here/run.py" chamfer 2>&1 | quiet \
+        | tee "$OUT/chamfer_98k.log"
+      mv "$OUT/tpu.json" "$OUT/chamfer_98k.json" ;;
     segments)  # sorted ids: jax.ops' scatters (they walked before, 38x slower)
       FAMILIES_ORDERS=sorted FAMILIES_SEGMENTS=segment_sum,segment_max,segment_softmax \
         timeout 150 python "$here/families.py" segments 2>&1 | quiet | tee "$OUT/segments.log"
@@ -64,7 +69,7 @@ for step in $steps; do
     knn_whole|knn_compile|chamfer_parts|chamfer_buffers)  # where the time goes (dev/tpu/breakdown.py)
       timeout "$([ "$step" = knn_compile ] && echo 330 || echo 240)" python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
-    *) echo "session.sh: no step $step (steps: tests chamfer segments segments_rest segments_mean" \
+    *) echo "session.sh: no step $step (steps: tests chamfer chamfer_98k segments segments_rest segments_mean" \
       "segments_softmax lse" \
       "cauchy_rows cauchy knn cli knn_whole knn_compile chamfer_parts chamfer_buffers argmin)" >&2
       exit 2 ;;
