@@ -484,6 +484,33 @@ def test_plain_extrema_and_logsumexps_are_scatters_unless_batched(features):
             assert _temp(grad, x, ids) <= _temp(jax.grad(_finite_loss(p, w)), x, ids) + slack, name
 
 
+@pytest.mark.parametrize("features", [3, 40])
+@pytest.mark.parametrize("sorted_ids", [False, True])
+def test_logsumexp_gradient_as_a_tpu_gathers_it(features, sorted_ids, monkeypatch):
+    """A TPU gathers a log-sum-exp's maximum for its gradient as the forward gathers it (XLA
+    then gathers it once); here, on a CPU, that form gives the gradient the CPU's forms give
+    and the tile walk's: ties, NaN, +-inf, an all -inf segment, empty segments, dropped ids."""
+    from foldax._engine import _direct
+
+    n, s, rng = 2_000, 30, np.random.default_rng(7)
+    x = rng.integers(-4, 4, (n, features)).astype(np.float32)
+    ids = rng.integers(-3, s + 3, n).astype(np.int32)
+    ids = np.sort(ids) if sorted_ids else ids
+    ids[ids == 7] = 8  # an empty segment
+    x[ids == 9] = -np.inf  # a segment of -inf only
+    x[3, 0], x[11, 1], x[12, 2] = np.nan, np.inf, -np.inf
+    x, ids = jnp.asarray(x), jnp.asarray(ids)
+    w = jnp.asarray(rng.standard_normal((s, features)), jnp.float32)
+    grad = lambda: jax.jit(_scattered_calls("logsumexp", s, w, indices_are_sorted=sorted_ids)[1])  # noqa: E731
+    cpu = grad()(x, ids)
+    walked = jax.jit(_walked(_scattered_calls("logsumexp", s, w, chunk_size=64)[1]))(x, ids)
+    monkeypatch.setitem(_direct._LOWER, "lse_gather", _direct._LOWER_ON_TPU["lse_gather"])
+    as_tpu = grad()(x, ids)
+    assert_allclose(as_tpu, cpu, dtype=np.float32)
+    assert_allclose(as_tpu, walked, dtype=np.float32)
+    assert (np.asarray(as_tpu) == 0).any()  # (rows dropped, -inf rows)
+
+
 def test_eager_transformations_keep_custom_rules():
     """Two fns alike but for a custom_jvp rule, differentiated eagerly: each by its own rule
     (the cache, whose key leaves rules out, does not serve them)."""

@@ -205,21 +205,43 @@ def _lse_gather(ix, slots, rows):
     ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as
     ``exp(x - m) * (g / sum)``: the shift and the scale per segment, gathered side by side
     where rows have :data:`_SIDE_BY_SIDE` features or more (one gather of rows twice as wide;
-    narrower ones, two gathers: what is faster on a CPU). As the walk's: 0 where the cotangent is 0, on rows
-    dropped, in all -inf and NaN segments and on the finite rows of a +inf segment; NaN on a
-    +inf row of a +inf segment with a cotangent."""
+    narrower ones, two gathers: what is faster on a CPU). As the walk's: 0 where the cotangent
+    is 0, on rows dropped, in all -inf and NaN segments and on the finite rows of a +inf
+    segment; NaN on a +inf row of a +inf segment with a cotangent."""
     x = rows[0]
     m, rel, g = slots
-    g = g.astype(rel.dtype)
     shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m).astype(rel.dtype)  # NaN, +inf kept
-    scale = jnp.where((m > -jnp.inf) & (g != 0), g * jnp.exp(-rel), jnp.zeros_like(rel))
-    scale = jnp.where((m == jnp.inf) & (g != 0), jnp.full_like(rel, jnp.nan), scale)
+    scale = _lse_scale(m, rel, g)
     if x.ndim > 1 and x.shape[-1] >= _SIDE_BY_SIDE:
         both = ix.at_rows(jnp.concatenate([shift, scale], axis=-1))
         shift_r, scale_r = jnp.split(both, 2, axis=-1)
     else:
         shift_r, scale_r = ix.at_rows(shift), ix.at_rows(scale)
-    a = x.astype(rel.dtype) - shift_r
+    return _lse_rows(ix, x, shift_r, scale_r)
+
+
+def _lse_gather_on_tpu(ix, slots, rows):
+    """:func:`_lse_gather` as a TPU takes it: the max gathered as the forward gathers it, which
+    XLA:TPU then gathers once for both passes (4 M rows of 128 features into 400,000 segments:
+    110.5 ms, as ``jax.ops``' 110.1 ms and with its temp, against 136 ms for two gathers of
+    their own and 127 ms, with 1.7 GiB more temp, for the side-by-side one)."""
+    x = rows[0]
+    m, rel, g = slots
+    m_r, scale_r = ix.at_rows(m), ix.at_rows(_lse_scale(m, rel, g))
+    shift_r = jnp.where(m_r == -jnp.inf, jnp.zeros_like(m_r), m_r).astype(rel.dtype)
+    return _lse_rows(ix, x, shift_r, scale_r)
+
+
+def _lse_scale(m, rel, g):
+    """Per segment, ``g / sum``: 0 where the cotangent is 0 and in all -inf segments, NaN in a
+    +inf one with a cotangent."""
+    g = g.astype(rel.dtype)
+    scale = jnp.where((m > -jnp.inf) & (g != 0), g * jnp.exp(-rel), jnp.zeros_like(rel))
+    return jnp.where((m == jnp.inf) & (g != 0), jnp.full_like(rel, jnp.nan), scale)
+
+
+def _lse_rows(ix, x, shift_r, scale_r):
+    a = x.astype(scale_r.dtype) - shift_r
     live = ~jnp.isnan(shift_r) & (scale_r != 0) & (a != -jnp.inf)
     live = live if ix.in_range else live & ix.keep(x.ndim)
     out = jnp.where(live, jnp.exp(a) * scale_r, jnp.zeros_like(a))
@@ -262,11 +284,16 @@ _LOWER = {
 }
 
 
-def lower(kind, out_avals, plan, arrays, consts, slots, rows):
+#: the kinds a TPU lowers its own way
+_LOWER_ON_TPU = {"lse_gather": _lse_gather_on_tpu}
+
+
+def lower(kind, out_avals, plan, arrays, consts, slots, rows, platform=None):
     """The fold's outputs ``(slot outs, tots, row outs)``, matching ``out_avals``; ``plan``: the
     fold's ``"rows"`` :class:`foldax._engine.PlanSpec`."""
     (ids,) = arrays
-    outs = _LOWER[kind](_Index(ids, plan.num_slots, plan.in_range, plan.sorted_ids), slots, rows)
+    how = _LOWER_ON_TPU.get(kind, _LOWER[kind]) if platform == "tpu" else _LOWER[kind]
+    outs = how(_Index(ids, plan.num_slots, plan.in_range, plan.sorted_ids), slots, rows)
     return jax.tree.map(lambda o, a: o.astype(a.dtype), outs, tuple(map(tuple, out_avals)))
 
 

@@ -280,7 +280,7 @@ class Fold(_Rules):
                 return _run(_direct.whole(spec), spec.plan.n, self.out_aval, *args)
             if spec.direct in _direct.RUNS:
                 return _runs.lower(spec, self.out_aval, self._walk, *args)
-            return _direct.lower(spec.direct, self.out_aval, spec.plan, *args)
+            return _direct.lower(spec.direct, self.out_aval, spec.plan, *args, platform=platform)
         return self._walk(*args)
 
     def kernel_serves(self, platform) -> bool:
