@@ -440,8 +440,8 @@ def test_plain_extrema_and_logsumexps_are_scatters_unless_batched(features):
     """Max, min, log-sum-exps and softmaxes of plain data under unsorted ids are XLA's scatters
     and gathers (no loop), derivatives included, at no more temp than the jax.ops / jraph way.
     Values and derivatives are the tile walk's (batched, in steps of 64 rows): ties (integer
-    data), NaN, +-inf, an all -inf segment, empty segments, dropped ids. (Rows of 32 features
-    or more gather a log-sum-exp's shift and scale side by side.)"""
+    data), NaN, +-inf, an all -inf segment, empty segments, dropped ids; rows of 3 features and
+    of 40."""
     n, s, rng = 20_000, 100, np.random.default_rng(5)
     x = rng.integers(-4, 4, (n, features)).astype(np.float32)
     ids = rng.integers(-3, s + 3, n).astype(np.int32)

@@ -6,12 +6,12 @@ forward's exponentials). Each way compiled once, then the median of 7 calls; wri
 
     PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/lse_variants.py [E,V,F]
 
-Ways (``foldax._engine._direct``'s ``lse_gather`` replaced for the run): ``foldax`` (its own:
-the shift and the scale per segment side by side, one gather of rows twice as wide, for rows of
-32 features or more), ``two gathers`` (the shift and the scale apart), ``the forward's gather``
-(the max gathered as the forward gathers it, which XLA may compute once), and with
-``LSE_ALL=1`` ``the forward's exponentials`` (the forward's whole expression, gather and
-exponential).
+Ways (``foldax._engine._direct``'s ``lse_gather`` replaced for the run): ``foldax`` (its own
+on this platform: on a TPU the max gathered as the forward gathers it, which XLA computes
+once; elsewhere the shift and the scale gathered apart), ``two gathers`` (the shift and the
+scale apart), ``the forward's gather`` (the TPU's form, on any platform), ``side by side``
+(shift and scale as one array of rows twice as wide, one gather), and with ``LSE_ALL=1``
+``the forward's exponentials`` (the forward's whole expression, gather and exponential).
 """
 
 from __future__ import annotations
@@ -61,6 +61,15 @@ def forward_exp(ix, slots, rows):
     return _finish(ix, x, a, e, m_r, scale_r)
 
 
+def side_by_side(ix, slots, rows):
+    x, (m, rel, g) = rows[0], slots
+    shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m)
+    both = ix.at_rows(jnp.concatenate([shift, _scale(m, rel, g)], axis=-1))
+    shift_r, scale_r = jnp.split(both, 2, axis=-1)
+    a = x - shift_r
+    return _finish(ix, x, a, jnp.exp(a), shift_r, scale_r)
+
+
 def two_gathers(ix, slots, rows):
     x, (m, rel, g) = rows[0], slots
     shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m)
@@ -82,25 +91,30 @@ def main():
 
     ours = lambda x, i: foldax.segment_logsumexp(x, i, V, indices_are_sorted=True)
     grad = lambda f: jax.grad(lambda x, i: jnp.sum(f(x, i) * w))
-    real = _direct._LOWER["lse_gather"]
+    tables = (_direct._LOWER, _direct._LOWER_ON_TPU)
+    saved = [t["lse_gather"] for t in tables]
+    real = saved[1] if jax.default_backend() == "tpu" else saved[0]
     ways = {
         "jax.ops": (plain, None),
         "foldax": (ours, real),
         "two gathers": (ours, two_gathers),
         "the forward's gather": (ours, forward_gather),
+        "side by side": (ours, side_by_side),
     }
     if os.environ.get("LSE_ALL"):
         ways["the forward's exponentials"] = (ours, forward_exp)
     results = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "E,V,F": [E, V, F]}
     want = None
     for way, (f, lower) in ways.items():
-        _direct._LOWER["lse_gather"] = lower or real
+        for t in tables:
+            t["lse_gather"] = lower or real
         try:
             t0 = time.perf_counter()
             g = jax.jit(grad(f)).lower(x, ids).compile()
             compile_s = time.perf_counter() - t0
         finally:
-            _direct._LOWER["lse_gather"] = real
+            for t, f in zip(tables, saved, strict=True):
+                t["lse_gather"] = f
         got = jax.block_until_ready(g(x, ids))
         want = got if want is None else want
         ts = []

@@ -193,30 +193,19 @@ def _logsumexp(mean):
     return lower
 
 
-#: The features from which a log-sum-exp's gradient gathers its shift and scale side by side
-#: (on 2 CPU cores, 400,000 rows into 40,000 segments: at 128 features 72 ms against 97 ms for
-#: two gathers and 75 ms for jax.ops' gradient; at 32, 18 against 22 ms; at 16, 17.5 against
-#: 11.5 ms)
-_SIDE_BY_SIDE = 32
-
-
 def _lse_gather(ix, slots, rows):
     """Per row ``g * exp(x - logsumexp)`` of its segment (``slots``: the log-sum-exp's info
     ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as
-    ``exp(x - m) * (g / sum)``: the shift and the scale per segment, gathered side by side
-    where rows have :data:`_SIDE_BY_SIDE` features or more (one gather of rows twice as wide;
-    narrower ones, two gathers: what is faster on a CPU). As the walk's: 0 where the cotangent
-    is 0, on rows dropped, in all -inf and NaN segments and on the finite rows of a +inf
-    segment; NaN on a +inf row of a +inf segment with a cotangent."""
+    ``exp(x - m) * (g / sum)``: the shift and the scale per segment, gathered apart (gathered
+    side by side, as one array of rows twice as wide, it was faster on a CPU for rows of 32
+    features or more, but held that array of segments too: more temp than ``jax.ops``'
+    gradient where XLA fuses that one whole). As the walk's: 0 where the cotangent is 0, on
+    rows dropped, in all -inf and NaN segments and on the finite rows of a +inf segment; NaN
+    on a +inf row of a +inf segment with a cotangent."""
     x = rows[0]
     m, rel, g = slots
     shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m).astype(rel.dtype)  # NaN, +inf kept
-    scale = _lse_scale(m, rel, g)
-    if x.ndim > 1 and x.shape[-1] >= _SIDE_BY_SIDE:
-        both = ix.at_rows(jnp.concatenate([shift, scale], axis=-1))
-        shift_r, scale_r = jnp.split(both, 2, axis=-1)
-    else:
-        shift_r, scale_r = ix.at_rows(shift), ix.at_rows(scale)
+    shift_r, scale_r = ix.at_rows(shift), ix.at_rows(_lse_scale(m, rel, g))
     return _lse_rows(ix, x, shift_r, scale_r)
 
 
