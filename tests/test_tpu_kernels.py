@@ -480,7 +480,7 @@ def test_chamfer_gradient_pass_over_ties_keeps_to_its_share_of_the_budget(monkey
     """A min's gradient re-folds the rows where three or more values tie, which are rare, by
     the XLA loop (on a TPU) in steps of a quarter of the memory budget: its tile, the pairs'
     3-D differences a vmapped Chamfer gradient holds, keeps within the budget (in steps of
-    the whole budget it took 48 MiB, and 4 x 16 MiB of the TPU's temp at 98,304 points)."""
+    the whole budget it took 48 MiB)."""
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     sq = lambda a, b: jnp.sum((a - b) ** 2)  # noqa: E731
 
