@@ -49,6 +49,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from .._reductions._sum import mean_share
 from ._budget import DEFAULT_BUDGET
 
 #: The kind of each derived fold of a direct fold: ``DERIVED[kind][derivative]``.
@@ -241,10 +242,8 @@ def _mean_gather(ix, slots, rows):
     """Per row ``g / count`` of its segment (``slots``: the mean's info ``(count,)``, the
     count in the result's real dtype, and its result's cotangent ``g``), divided per segment
     and gathered once; 0 on rows dropped. As :meth:`foldax._reductions.Mean.row_cotangent`."""
-    count, g = slots[0], slots[-1]
-    dt = g.dtype if jnp.issubdtype(g.dtype, jnp.complexfloating) else count.dtype
-    share = g.astype(dt) / jnp.maximum(count, 1).astype(dt)
-    return (), (), (ix.kept(ix.at_rows(share.astype(rows[0].dtype))),)
+    share = mean_share(slots[-1], slots[0], rows[0].dtype)
+    return (), (), (ix.kept(ix.at_rows(share)),)
 
 
 def _hits(x, ix, m):

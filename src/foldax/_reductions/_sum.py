@@ -82,7 +82,13 @@ class Mean(Monoid):
 
     def row_cotangent(self, v, mask, info, g):
         (count,) = info
-        dt = g[0].dtype if jnp.issubdtype(g[0].dtype, jnp.complexfloating) else count.dtype
-        share = (g[0].astype(dt) / jnp.maximum(count, 1).astype(dt)).astype(v.dtype)
+        share = mean_share(g[0], count, v.dtype)
         ct = jnp.broadcast_to(share[:, None], v.shape)
         return jnp.where(_tile_mask(mask, v), ct, jnp.zeros((), ct.dtype))
+
+
+def mean_share(g, count, dtype):
+    """Each segment's share ``g / count`` of its mean's cotangent ``g`` (``count`` in the
+    result's real dtype; an empty segment divides by 1), in ``dtype``."""
+    dt = g.dtype if jnp.issubdtype(g.dtype, jnp.complexfloating) else count.dtype
+    return (g.astype(dt) / jnp.maximum(count, 1).astype(dt)).astype(dtype)
