@@ -1,0 +1,270 @@
+# ruff: noqa: E731
+"""On a TPU: can an attention kernel read and write the user's ``(T, H, D)`` layout in place,
+every head of a block of positions per grid step, at the speed of the heads-major layout?
+
+A ``(T, H, D)`` array whose ``H`` is a multiple of the sublane tiling (16 for bfloat16) and
+``D == 128`` has the same bytes as ``(T * H, D)``: a block of ``bt * H`` rows is ``bt``
+positions of every head, and head ``h`` is every ``H``-th row from ``h`` (a strided load).
+Stand-alone flash-attention forwards (no mask, online softmax in VMEM scratch), timed in turns:
+
+* ``heads_major``: ``(H, T, D)`` arrays, grid ``(H, T / bt, S / bs)`` (what foldax's kernels
+  read today);
+* ``moved``: ``(T, H, D)`` arrays moved to ``(H, T, D)`` and back by XLA around the same kernel
+  (what a user in that layout pays today: the moves' temp);
+* ``strided``: ``(T * H, D)`` views, grid ``(T / bt, S / bs)``, each head's rows by a strided
+  load, the output by strided stores;
+* ``reshaped``: the same blocks, each loaded whole, reshaped ``(bt, H, D)`` and indexed;
+* ``batched``: the same blocks as one product batched over the heads (``einsum``).
+
+    PYTHONPATH=$PYTHONPATH:$PWD/src python dev/tpu/heads_layout.py [T ...]
+
+Writes ``$OUT/heads_layout.json``: per way the median of 7 calls after a warm-up, the first
+call, XLA's temp bytes and the largest error against ``heads_major``."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+OUT = os.environ.get("OUT", "/tmp")
+H, D, BT, BS = 16, 128, 512, 512
+F32 = jnp.float32
+
+
+def _online(q, k, v, m_ref, l_ref, acc_ref, at):
+    """One tile's online-softmax update of the states at ``at`` (a scratch index)."""
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=F32)
+    m_prev, l_prev = m_ref[at], l_ref[at]  # (bt, 128), lanes alike
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    p = jnp.exp(s - m_new[:, :1])
+    alpha = jnp.exp(m_prev - m_new)
+    l_ref[at] = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    m_ref[at] = m_new
+    pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=F32)
+    acc_ref[at] = acc_ref[at] * alpha[:, :1] + pv
+
+
+def _init(m_ref, l_ref, acc_ref):
+    m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, F32)
+    l_ref[...] = jnp.zeros(l_ref.shape, F32)
+    acc_ref[...] = jnp.zeros(acc_ref.shape, F32)
+
+
+def heads_major(q, k, v):
+    """(H, T, D) -> (H, T, D)."""
+    h, t, d = q.shape
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j = pl.program_id(2)
+
+        @pl.when(j == 0)
+        def _():
+            _init(m_ref, l_ref, acc_ref)
+
+        _online(q_ref[...], k_ref[...], v_ref[...], m_ref, l_ref, acc_ref, slice(None))
+
+        @pl.when(j == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = (acc_ref[...] / l_ref[...][:, :1]).astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(h, t // BT, k.shape[1] // BS),
+        in_specs=[
+            pl.BlockSpec((None, BT, d), lambda hh, i, j: (hh, i, 0)),
+            pl.BlockSpec((None, BS, d), lambda hh, i, j: (hh, j, 0)),
+            pl.BlockSpec((None, BS, d), lambda hh, i, j: (hh, j, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, BT, d), lambda hh, i, j: (hh, i, 0)),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=[pltpu.VMEM((BT, 128), F32)] * 2 + [pltpu.VMEM((BT, d), F32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")
+        ),
+        interpret=INTERPRET,
+    )(q, k, v)
+
+
+def moved(q, k, v):
+    """(T, H, D) -> (T, H, D) through the heads-major kernel (XLA moves the heads)."""
+    to = lambda a: jnp.swapaxes(a, 0, 1)
+    return to(heads_major(to(q), to(k), to(v)))
+
+
+def in_place(q, k, v, *, strided):
+    """(T, H, D) -> (T, H, D), every head of ``BT`` positions per step, read in place."""
+    t, h, d = q.shape
+    flat = lambda a: a.reshape(a.shape[0] * h, d)
+
+    def head(ref, hh, rows):
+        if strided:
+            return ref[pl.ds(hh, rows, stride=h), :]
+        return ref[...].reshape(rows, h, d)[:, hh, :]
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j = pl.program_id(1)
+
+        @pl.when(j == 0)
+        def _():
+            _init(m_ref, l_ref, acc_ref)
+
+        for hh in range(h):
+            qh, kh, vh = head(q_ref, hh, BT), head(k_ref, hh, BS), head(v_ref, hh, BS)
+            _online(qh, kh, vh, m_ref, l_ref, acc_ref, hh)
+
+        @pl.when(j == pl.num_programs(1) - 1)
+        def _():
+            outs = [(acc_ref[hh] / l_ref[hh][:, :1]).astype(o_ref.dtype) for hh in range(h)]
+            if strided:
+                for hh, out in enumerate(outs):
+                    o_ref[pl.ds(hh, BT, stride=h), :] = out
+            else:
+                o_ref[...] = jnp.stack(outs, axis=1).reshape(BT * h, d)
+
+    out = pl.pallas_call(
+        kernel,
+        grid=(t // BT, k.shape[0] // BS),
+        in_specs=[
+            pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
+        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20
+        ),
+        interpret=INTERPRET,
+    )(flat(q), flat(k), flat(v))
+    return out.reshape(t, h, d)
+
+
+def batched(q, k, v):
+    """(T, H, D) -> (T, H, D), every head of ``BT`` positions per step, as one batched product
+    (``einsum`` over the heads: what a fold whose pairs are per-head logits would trace)."""
+    t, h, d = q.shape
+    flat = lambda a: a.reshape(a.shape[0] * h, d)
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j = pl.program_id(1)
+
+        @pl.when(j == 0)
+        def _():
+            _init(m_ref, l_ref, acc_ref)
+
+        qb = q_ref[...].reshape(BT, h, d)
+        kb, vb = k_ref[...].reshape(BS, h, d), v_ref[...].reshape(BS, h, d)
+        s = jnp.einsum("thd,shd->hts", qb, kb, preferred_element_type=F32)
+        m_prev, l_prev = m_ref[...], l_ref[...]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=2, keepdims=True))
+        p = jnp.exp(s - m_new[..., :1])
+        alpha = jnp.exp(m_prev - m_new)
+        l_ref[...] = alpha * l_prev + jnp.sum(p, axis=2, keepdims=True)
+        m_ref[...] = m_new
+        pv = jnp.einsum("hts,shd->htd", p.astype(vb.dtype), vb, preferred_element_type=F32)
+        acc_ref[...] = acc_ref[...] * alpha[..., :1] + pv
+
+        @pl.when(j == pl.num_programs(1) - 1)
+        def _():
+            out = (acc_ref[...] / l_ref[...][..., :1]).astype(o_ref.dtype)  # (H, BT, D)
+            o_ref[...] = jnp.swapaxes(out, 0, 1).reshape(BT * h, d)
+
+    out = pl.pallas_call(
+        kernel,
+        grid=(t // BT, k.shape[0] // BS),
+        in_specs=[
+            pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
+        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20
+        ),
+        interpret=INTERPRET,
+    )(flat(q), flat(k), flat(v))
+    return out.reshape(t, h, d)
+
+
+WAYS = {
+    "heads_major": (heads_major, "HTD"),
+    "moved": (moved, "THD"),
+    "strided": (functools.partial(in_place, strided=True), "THD"),
+    "reshaped": (functools.partial(in_place, strided=False), "THD"),
+    "batched": (batched, "THD"),
+}
+
+
+def _temp(fn, args):
+    try:
+        mem = jax.jit(fn).lower(*args).compile().memory_analysis()
+        return None if mem is None else mem.temp_size_in_bytes / 2**20
+    except Exception:
+        return None
+
+
+INTERPRET = os.environ.get("HEADS_INTERPRET") == "1"
+
+
+def main():
+    lengths = [int(a) for a in sys.argv[1:]] or [4096, 16384]
+    rows = []
+    print(jax.devices()[0].device_kind, jax.__version__, flush=True)
+    for t in lengths:
+        key = jax.random.split(jax.random.key(0), 3)
+        thd = [jax.random.normal(kk, (t, H, D), jnp.bfloat16) for kk in key]
+        htd = [jnp.swapaxes(a, 0, 1) for a in thd]
+        ref = None
+        fns = {}
+        for name, (fn, layout) in WAYS.items():
+            args = thd if layout == "THD" else htd
+            row = dict(name=name, t=t)
+            try:
+                f = jax.jit(fn)
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(f(*args))
+                row["first_s"] = time.perf_counter() - t0
+                out = np.asarray(out.astype(F32))
+                out = out if layout == "THD" else np.swapaxes(out, 0, 1)
+                ref = out if ref is None else ref
+                row["err"] = float(np.max(np.abs(out - ref)))
+                row["temp_mib"] = _temp(fn, args)
+                fns[name] = (f, args)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                row["trace"] = traceback.format_exc()[-3000:]
+            rows.append(row)
+        times = {n: [] for n in fns}
+        for _ in range(7):  # in turns
+            for n, (f, args) in fns.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(f(*args))
+                times[n].append(time.perf_counter() - t0)
+        for row in rows:
+            if row["t"] == t and row["name"] in times:
+                row["ms"] = 1e3 * float(np.median(times[row["name"]]))
+        for row in rows[-len(WAYS) :]:
+            print({k: v for k, v in row.items() if k != "trace"}, flush=True)
+        with open(os.path.join(OUT, "heads_layout.json"), "w") as fh:
+            json.dump(
+                dict(device=jax.devices()[0].device_kind, jax=jax.__version__, rows=rows),
+                fh,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
