@@ -1,7 +1,7 @@
 """The measurements behind foldax's CPU policy for segment reductions of plain data
 (``src/foldax/_segment/_policy.py``): XLA's scatter by per-row ids against the tile walk over
 contiguous segments, forward and gradient, next to the ``jax.ops`` program (jraph's for the
-softmax), timed in turns in one process (median of 7, after a warm-up), jitted, float32.
+softmax; for the log-sum-exp and the mean, what a user writes with ``jax.ops``), timed in turns in one process (median of 7, after a warm-up), jitted, float32.
 
     .venv/bin/python dev/segment-policy/measure.py                 # N = 1,000,000 rows
     .venv/bin/python dev/segment-policy/measure.py --rows 200000 --reductions sum
@@ -25,9 +25,26 @@ from foldax._tools import workloads as w
 from foldax._tools.bench._graph import _jraph_softmax as jraph_softmax
 
 
+def _logsumexp(x, ids, s):
+    """A segment log-sum-exp as a user writes it with ``jax.ops`` (each segment's max)."""
+    m = jax.lax.stop_gradient(jax.ops.segment_max(x, ids, s, indices_are_sorted=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(x - m[ids])
+    return m + jnp.log(jax.ops.segment_sum(e, ids, s, indices_are_sorted=True))
+
+
+def _mean(x, ids, s):
+    """A segment mean as a user writes it with ``jax.ops``."""
+    tot = jax.ops.segment_sum(x, ids, s, indices_are_sorted=True)
+    count = jax.ops.segment_sum(jnp.ones_like(ids, x.dtype), ids, s, indices_are_sorted=True)
+    return tot / jnp.maximum(count, 1.0).reshape(-1, *[1] * (x.ndim - 1))
+
+
 def _peer(reduction):
     if reduction == "softmax":  # jraph's program, as the bench's graph workload times it
         return lambda x, ids, s: jraph_softmax(x, ids, s, True)
+    if reduction in ("logsumexp", "mean"):
+        return {"logsumexp": _logsumexp, "mean": _mean}[reduction]
     f = getattr(jax.ops, f"segment_{reduction}")
     return lambda x, ids, s: f(x, ids, s, indices_are_sorted=True)
 

@@ -66,8 +66,8 @@ def forward_exp(ix, slots, rows):
 def side_by_side(ix, slots, rows):
     x, (m, rel, g) = rows[0], slots
     shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m)
-    both = ix.at_rows(jnp.concatenate([shift, _scale(m, rel, g)], axis=-1))
-    shift_r, scale_r = jnp.split(both, 2, axis=-1)
+    both = ix.at_rows(jnp.stack([shift, _scale(m, rel, g)], axis=-1))
+    shift_r, scale_r = both[..., 0], both[..., 1]
     a = x - shift_r
     return _finish(ix, x, a, jnp.exp(a), shift_r, scale_r)
 
