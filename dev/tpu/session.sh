@@ -5,7 +5,7 @@
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
 # STEPs: tests, chamfer, chamfer_98k, segments, segments_rest, segments_mean,
-# segments_softmax, lse, lse_ref, heads, cauchy_rows, cauchy, knn, cli, knn_whole, knn_compile, chamfer_parts,
+# segments_softmax, lse, lse_ref, lse_acc, lce, heads, cauchy_rows, cauchy, knn, cli, knn_whole, knn_compile, chamfer_parts,
 # chamfer_buffers, argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
@@ -49,6 +49,11 @@ for step in $steps; do
     lse_ref)  # the same ways, each against a float64 gradient of sampled segments
       LSE_REFERENCE=1 timeout 300 python "$here/lse_variants.py" 2>&1 | quiet | tee "$OUT/lse_ref.log"
       mv "$OUT/lse_variants.json" "$OUT/lse_ref.json" ;;
+    lse_acc)  # a segment log-sum-exp's forward and gradient against float64, and its pieces
+      timeout 150 python "$here/lse_accuracy.py" 2>&1 | quiet | tee "$OUT/lse_acc.log" ;;
+    lce)  # the language-model loss, forward and value-and-grad, against the plain loss
+      timeout 240 python "$here/run.py" lce quick 2>&1 | quiet | tee "$OUT/lce.log"
+      mv "$OUT/tpu.json" "$OUT/lce.json" ;;
     heads)  # attention read in the (T, H, D) layout in place: strided loads of each head
       timeout 240 python "$here/heads_layout.py" 2>&1 | quiet | tee "$OUT/heads.log" ;;
     lse)  # a log-sum-exp's gradient by the ways its rows' weights could be gathered
@@ -75,7 +80,7 @@ for step in $steps; do
       timeout "$([ "$step" = knn_compile ] && echo 330 || echo 240)" python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
     *) echo "session.sh: no step $step (steps: tests chamfer chamfer_98k segments segments_rest segments_mean" \
-      "segments_softmax lse lse_ref heads" \
+      "segments_softmax lse lse_ref lse_acc lce heads" \
       "cauchy_rows cauchy knn cli knn_whole knn_compile chamfer_parts chamfer_buffers argmin)" >&2
       exit 2 ;;
   esac

@@ -49,6 +49,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from .._reductions._base import log_of_sum
 from .._reductions._sum import mean_share
 from ._budget import DEFAULT_BUDGET
 
@@ -183,13 +184,13 @@ def _logsumexp(mean):
         # the shift taken per row from the gathered max (not gathered from a shift per slot,
         # which XLA may keep as one more buffer of slots)
         s = ix.sum(jnp.exp(x - finite(ix.at_rows(m))))
-        logs = jnp.log(s)
+        logs = log_of_sum(s)
         out = finite(m) + logs
         if not mean:
             return (out, m, logs), (), ()
         count = ix.sum(jnp.ones(ix.ids.shape, jnp.int32))
         n = count.reshape(count.shape + (1,) * (out.ndim - 1)).astype(out.dtype)
-        return (out - jnp.log(n), m, logs, count), (), ()
+        return (out - log_of_sum(n), m, logs, count), (), ()
 
     return lower
 

@@ -20,6 +20,7 @@ from ._base import (
     _take,
     _tile_mask,
     instantiate,
+    log_of_sum,
 )
 
 
@@ -87,10 +88,10 @@ class LogSumExp(Monoid):
         return 4 if self.mean else 3
 
     def outputs(self, st):
-        m, logs = st[0], jnp.log(st[1])
+        m, logs = st[0], log_of_sum(st[1])
         out = _finite_or_zero(m) + logs
         if self.mean:
-            out = out - jnp.log(_expand(st[2], out.ndim).astype(out.dtype))
+            out = out - log_of_sum(_expand(st[2], out.ndim).astype(out.dtype))
             return (out, m, logs, st[2])
         return (out, m, logs)
 
@@ -100,7 +101,7 @@ class LogSumExp(Monoid):
         plus the log-count for ``mean``), so second-order derivatives flow through it."""
         out, m, logs = outputs[:3]
         if self.mean:
-            out = out + jnp.log(_expand(outputs[3], out.ndim).astype(out.dtype))
+            out = out + log_of_sum(_expand(outputs[3], out.ndim).astype(out.dtype))
         rel = lax.stop_gradient(logs) + (out - lax.stop_gradient(out)).astype(logs.dtype)
         return (lax.stop_gradient(m), rel)
 

@@ -9,7 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._base import Monoid, _accumulator, _expand, _finite_or_zero, _rescale, promote
+from ._base import (
+    Monoid,
+    _accumulator,
+    _expand,
+    _finite_or_zero,
+    _rescale,
+    log_of_sum,
+    promote,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +121,7 @@ class SoftmaxSum(Monoid):
         return jnp.where(empty, jnp.zeros_like(st[2]), st[2] / jnp.where(empty, 1, s))
 
     def outputs(self, st):
-        return (self.finalize(st), _finite_or_zero(st[0]) + jnp.log(st[1]))
+        return (self.finalize(st), _finite_or_zero(st[0]) + log_of_sum(st[1]))
 
     def info(self, outputs):
         out, lse = outputs

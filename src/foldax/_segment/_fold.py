@@ -21,7 +21,7 @@ from .. import _closure, _engine, _shard
 from .._engine._budget import DEFAULT_BUDGET
 from .._reductions import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
 from .._reductions._base import _accumulator as accumulator
-from .._reductions._base import _finite_or_zero
+from .._reductions._base import _finite_or_zero, log_of_sum
 
 #: ``fn`` is traced for a block of this many rows; a step runs it on its rows block by block.
 ROW_BLOCK = 8
@@ -300,7 +300,7 @@ def normalize_rows(name, data, plan, arrays, log=False):
         # where exp(x - max - log(sum)) loses |x - max| ulp.
         p = e / at_rows(total)
         # the log-softmax: NaN where the softmax is (0 / 0 in an all -inf segment)
-        return (d - at_rows(jnp.log(total)) if log else p), p, at_rows, sums
+        return (d - at_rows(log_of_sum(total)) if log else p), p, at_rows, sums
 
     @jax.custom_jvp
     def normalized(x, ids):
