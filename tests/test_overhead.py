@@ -541,45 +541,6 @@ def test_logsumexp_gradient_as_a_tpu_gathers_it(features, sorted_ids, monkeypatc
     assert (np.asarray(as_tpu) == 0).any()  # (rows dropped, -inf rows)
 
 
-@pytest.mark.parametrize("sorted_ids", [False, True])
-def test_logsumexp_gradient_of_wide_rows_gathers_side_by_side(sorted_ids, monkeypatch):
-    """Rows of 32 values or more (a table of segments of 1 MiB or more, four rows a segment)
-    take their shift and scale gathered as one array; it gives the two gathers' gradient and
-    the tile walk's (ties, NaN, +-inf, an all -inf segment, empty segments, dropped ids), and
-    at a size where it applies, no more temp than ``jax.ops``' gradient."""
-    from foldax._engine import _direct
-
-    n, s, f, rng = 2_000, 30, 40, np.random.default_rng(8)
-    x = rng.integers(-4, 4, (n, f)).astype(np.float32)
-    ids = rng.integers(-3, s + 3, n).astype(np.int32)
-    ids = np.sort(ids) if sorted_ids else ids
-    ids[ids == 7] = 8  # an empty segment
-    x[ids == 9] = -np.inf  # a segment of -inf only
-    x[3, 0], x[11, 1], x[12, 2] = np.nan, np.inf, -np.inf
-    x, ids = jnp.asarray(x), jnp.asarray(ids)
-    w = jnp.asarray(rng.standard_normal((s, f)), jnp.float32)
-    grad = lambda: jax.jit(_scattered_calls("logsumexp", s, w, indices_are_sorted=sorted_ids)[1])  # noqa: E731
-    assert not _direct._side_by_side(x, jnp.zeros((s, f)), jnp.float32)  # (a small table)
-    apart = grad()(x, ids)
-    walked = jax.jit(_walked(_scattered_calls("logsumexp", s, w, chunk_size=64)[1]))(x, ids)
-    monkeypatch.setattr(_direct, "SIDE_BY_SIDE_BYTES", 0)
-    assert _direct._side_by_side(x, jnp.zeros((s, f)), jnp.float32)
-    both = grad()(x, ids)
-    assert_allclose(both, apart, dtype=np.float32)
-    assert_allclose(both, walked, dtype=np.float32)
-    assert (np.asarray(both) == 0).any()  # (rows dropped, -inf rows)
-    monkeypatch.undo()
-    n, s = 40_000, 4_000  # a table of 1.25 MiB: side by side unpatched
-    x = jnp.asarray(rng.standard_normal((n, f)), jnp.float32)
-    ids = jnp.asarray(rng.integers(0, s, n), jnp.int32)
-    w = jnp.asarray(rng.standard_normal((s, f)), jnp.float32)
-    assert _direct._side_by_side(x, jnp.zeros((s, f)), jnp.float32)
-    ours = jax.jit(_scattered_calls("logsumexp", s, w)[1])
-    theirs = jax.jit(jax.grad(_finite_loss(functools.partial(_plain_logsumexp, s=s), w)))
-    assert_allclose(ours(x, ids), theirs(x, ids), dtype=np.float32)
-    assert _temp(ours, x, ids) <= _temp(theirs, x, ids)
-
-
 def test_eager_transformations_keep_custom_rules():
     """Two fns alike but for a custom_jvp rule, differentiated eagerly: each by its own rule
     (the cache, whose key leaves rules out, does not serve them)."""

@@ -195,42 +195,20 @@ def _logsumexp(mean):
     return lower
 
 
-#: Rows of at least this many values take their shift and scale gathered side by side ...
-SIDE_BY_SIDE_VALUES = 32
-#: ... where that table of segments takes at least this many bytes, and there are at least
-#: four rows per segment (then it is well below ``jax.ops``' exponentials of every row)
-SIDE_BY_SIDE_BYTES = 2**20
-
-
 def _lse_gather(ix, slots, rows):
     """Per row ``g * exp(x - logsumexp)`` of its segment (``slots``: the log-sum-exp's info
     ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as
-    ``exp(x - m) * (g / sum)``: the shift and the scale per segment, gathered apart, or for wide
-    rows side by side, as one array of segments twice as wide (one gather: on 2 CPU cores
-    0.7-0.9x ``jax.ops``' gradient for rows of 32 to 256 features, where two gathers took
-    0.9-1.2x; at small sizes XLA fuses ``jax.ops``' gradient whole, and the wider table would
-    be more temp than it). As the walk's: 0 where the cotangent is 0, on rows dropped, in all
-    -inf and NaN segments and on the finite rows of a +inf segment; NaN on a +inf row of a +inf
-    segment with a cotangent."""
+    ``exp(x - m) * (g / sum)``: the shift and the scale per segment, gathered apart (gathered
+    side by side, as one array of rows twice as wide, it was faster on a CPU for rows of 32
+    features or more, but held that array of segments too: more temp than ``jax.ops``'
+    gradient where XLA fuses that one whole). As the walk's: 0 where the cotangent is 0, on
+    rows dropped, in all -inf and NaN segments and on the finite rows of a +inf segment; NaN
+    on a +inf row of a +inf segment with a cotangent."""
     x = rows[0]
     m, rel, g = slots
     shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m).astype(rel.dtype)  # NaN, +inf kept
-    scale = _lse_scale(m, rel, g)
-    if _side_by_side(x, m, rel.dtype):
-        both = ix.at_rows(jnp.stack([shift, scale], axis=-1))
-        return _lse_rows(ix, x, both[..., 0], both[..., 1])
-    return _lse_rows(ix, x, ix.at_rows(shift), ix.at_rows(scale))
-
-
-def _side_by_side(x, m, dtype) -> bool:
-    """Whether :func:`_lse_gather` gathers the shift and the scale as one array."""
-    values = x.size // max(x.shape[0], 1)
-    table = 2 * m.size * jnp.dtype(dtype).itemsize
-    return (
-        values >= SIDE_BY_SIDE_VALUES
-        and table >= SIDE_BY_SIDE_BYTES
-        and (x.shape[0] >= 4 * m.shape[0])
-    )
+    shift_r, scale_r = ix.at_rows(shift), ix.at_rows(_lse_scale(m, rel, g))
+    return _lse_rows(ix, x, shift_r, scale_r)
 
 
 def _lse_gather_on_tpu(ix, slots, rows):
