@@ -101,10 +101,33 @@ def moved(q, k, v):
     return to(heads_major(to(q), to(k), to(v)))
 
 
-def in_place(q, k, v, *, strided):
-    """(T, H, D) -> (T, H, D), every head of ``BT`` positions per step, read in place."""
+def _every_head(kernel, q, k, v):
+    """``kernel`` over ``(T * H, D)`` views of ``(T, H, D)`` arrays: blocks of ``BT`` (``BS``)
+    positions of every head, per-head states ``(H, BT, ...)`` in scratch."""
     t, h, d = q.shape
     flat = lambda a: a.reshape(a.shape[0] * h, d)
+    out = pl.pallas_call(
+        kernel,
+        grid=(t // BT, k.shape[0] // BS),
+        in_specs=[
+            pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
+        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20
+        ),
+        interpret=INTERPRET,
+    )(flat(q), flat(k), flat(v))
+    return out.reshape(t, h, d)
+
+
+def in_place(q, k, v, *, strided):
+    """(T, H, D) -> (T, H, D), every head of ``BT`` positions per step, read in place."""
+    h, d = q.shape[1:]
 
     def head(ref, hh, rows):
         if strided:
@@ -131,30 +154,13 @@ def in_place(q, k, v, *, strided):
             else:
                 o_ref[...] = jnp.stack(outs, axis=1).reshape(BT * h, d)
 
-    out = pl.pallas_call(
-        kernel,
-        grid=(t // BT, k.shape[0] // BS),
-        in_specs=[
-            pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
-            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
-            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
-        ],
-        out_specs=pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
-        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20
-        ),
-        interpret=INTERPRET,
-    )(flat(q), flat(k), flat(v))
-    return out.reshape(t, h, d)
+    return _every_head(kernel, q, k, v)
 
 
 def batched(q, k, v):
     """(T, H, D) -> (T, H, D), every head of ``BT`` positions per step, as one batched product
     (``einsum`` over the heads: what a fold whose pairs are per-head logits would trace)."""
-    t, h, d = q.shape
-    flat = lambda a: a.reshape(a.shape[0] * h, d)
+    h, d = q.shape[1:]
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
         j = pl.program_id(1)
@@ -180,23 +186,7 @@ def batched(q, k, v):
             out = (acc_ref[...] / l_ref[...][..., :1]).astype(o_ref.dtype)  # (H, BT, D)
             o_ref[...] = jnp.swapaxes(out, 0, 1).reshape(BT * h, d)
 
-    out = pl.pallas_call(
-        kernel,
-        grid=(t // BT, k.shape[0] // BS),
-        in_specs=[
-            pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
-            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
-            pl.BlockSpec((BS * h, d), lambda i, j: (j, 0)),
-        ],
-        out_specs=pl.BlockSpec((BT * h, d), lambda i, j: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
-        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=100 * 2**20
-        ),
-        interpret=INTERPRET,
-    )(flat(q), flat(k), flat(v))
-    return out.reshape(t, h, d)
+    return _every_head(kernel, q, k, v)
 
 
 WAYS = {

@@ -15,6 +15,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from lse_variants import inputs  # (this script's folder is on sys.path)
 
 import foldax
 
@@ -23,10 +24,7 @@ E, V, F = map(int, (sys.argv[1] if len(sys.argv) > 1 else "400000,40000,128").sp
 
 
 def main():
-    rng = np.random.default_rng(0)
-    x_np = rng.standard_normal((E, F)).astype(np.float32)
-    ids_np = np.sort(rng.integers(0, V, E)).astype(np.int32)
-    w_np = rng.standard_normal((V, F)).astype(np.float32)
+    x_np, ids_np, w_np = inputs(E, V, F)
     x, ids, w = jnp.asarray(x_np), jnp.asarray(ids_np), jnp.asarray(w_np)
     x64 = x_np.astype(np.float64)
     m = np.full((V, F), -np.inf)

@@ -96,11 +96,16 @@ def reference(x, ids, w, count=2000, seed=1):
     return rows, w[seg].astype(np.float64) * np.exp(x64 - lse[seg])
 
 
-def main():
+def inputs(e, v, f):
+    """``(x (e, f), sorted ids (e,), weights (v, f))`` in NumPy, the same for every script."""
     rng = np.random.default_rng(0)
-    x_np = rng.standard_normal((E, F)).astype(np.float32)
-    ids_np = np.sort(rng.integers(0, V, E)).astype(np.int32)
-    w_np = rng.standard_normal((V, F)).astype(np.float32)
+    x = rng.standard_normal((e, f)).astype(np.float32)
+    ids = np.sort(rng.integers(0, v, e)).astype(np.int32)
+    return x, ids, rng.standard_normal((v, f)).astype(np.float32)
+
+
+def main():
+    x_np, ids_np, w_np = inputs(E, V, F)
     x, ids, w = jnp.asarray(x_np), jnp.asarray(ids_np), jnp.asarray(w_np)
     ref = reference(x_np, ids_np, w_np) if os.environ.get("LSE_REFERENCE") else None
 

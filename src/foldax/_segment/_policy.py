@@ -6,9 +6,9 @@ A scatter costs a few nanoseconds per row whatever the row holds (its index), pl
 value; the walk reduces a tile of rows as one vectorised block, so it costs per value and per
 segment (each segment's tiles). The walk wins on narrow rows in long segments (one value per
 row, hundreds of rows per segment: 3-6x faster than ``jax.ops``), the scatter everywhere else.
-A segment softmax scatters (its walk writes every row through two folds: 1.1-1.9x jraph's
-program on segments of 2 to 64 values), except rows of one value in segments of a thousand
-rows or more, where its walk takes 0.2-0.4x. Arbitrary (unsorted) ids always
+A segment softmax scatters (its walk writes every row through two folds: 1.1-7x jraph's
+program's time for rows of 2 to 64 values), except rows of one value in segments of a
+thousand rows or more, where its walk takes 0.2-0.4x. Arbitrary (unsorted) ids always
 scatter; traced ``sizes`` / ``offsets`` always walk (per-row ids would cost a cumulative sum
 over the rows, about twice the scatter).
 """
