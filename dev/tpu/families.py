@@ -99,15 +99,17 @@ def segment_rows():
             peer = lambda x, i: PEERS[name](x, i, v, **kw)
             w = jnp.asarray(rng.standard_normal((v, feat) if "softmax" not in name else (e, feat)))
             w = w.astype(jnp.float32)
-            wsum = lambda out: jnp.sum(out * w[: out.shape[0]])
-            g = lambda f: lambda x, i: jax.grad(lambda x: wsum(f(x, i)))(x)
+            # the weights are an argument: closed over, they are a constant of the program,
+            # and XLA:TPU takes 15-145 s to compile a gradient over a constant of 0.2-2 GB
+            wsum = lambda out, w: jnp.sum(out * w[: out.shape[0]])
+            g = lambda f: lambda x, i, w: jax.grad(lambda x: wsum(f(x, i), w))(x)
             run.row(
                 f"{name} {order} E={e} V={v} F={feat} fwd",
                 {"foldax": ours, "jax.ops": peer},
                 (x, ids),
             )
-            run.row(f"{name} {order} grad", {"foldax": g(ours), "jax.ops": g(peer)}, (x, ids))
-            part = (x[: e // 10], ids[: e // 10])  # (both gradients at once at full size
+            run.row(f"{name} {order} grad", {"foldax": g(ours), "jax.ops": g(peer)}, (x, ids, w))
+            part = (x[: e // 10], ids[: e // 10], w)  # (both gradients at once at full size
             # and jax.ops' temp fill the chip's memory)
             diff = err(jax.jit(g(ours))(*part), jax.jit(g(peer))(*part))
             results["rows"][-1]["grad_err"] = diff

@@ -5,7 +5,7 @@
 #   PYTHONPATH=$PYTHONPATH:$PWD/src bash dev/tpu/session.sh [STEP ...]
 #
 # STEPs: tests, chamfer, chamfer_98k, segments, segments_rest, segments_mean,
-# segments_softmax, lse, lse_ref, lse_acc, lce, heads, cauchy_rows, cauchy, knn, cli, knn_whole, knn_compile, chamfer_parts,
+# segments_softmax, sorted_grads, sorted_compile, lse, lse_ref, lse_acc, lce, heads, cauchy_rows, cauchy, knn, cli, knn_whole, knn_compile, chamfer_parts,
 # chamfer_buffers, argmin. A device call runs at most 10 minutes: run
 # `session.sh tests chamfer segments`, then `session.sh cauchy knn cli` (each within 9 min).
 # Before the call: python dev/tpu/preflight.py (lowers the same workloads here, no TPU needed).
@@ -49,6 +49,11 @@ for step in $steps; do
     lse_ref)  # the same ways, each against a float64 gradient of sampled segments
       LSE_REFERENCE=1 timeout 300 python "$here/lse_variants.py" 2>&1 | quiet | tee "$OUT/lse_ref.log"
       mv "$OUT/lse_variants.json" "$OUT/lse_ref.json" ;;
+    sorted_grads)  # segment gradients with sorted ids, compile and run, foldax then jax.ops
+      SORTED_WHAT=grad timeout 200 python "$here/sorted_grads.py" 2>&1 | quiet \
+        | tee "$OUT/sorted_grads.log" ;;
+    sorted_compile)  # a scatter's and a gather's compile and run with the sorted hint or not
+      timeout 200 python "$here/sorted_compile.py" 2>&1 | quiet | tee "$OUT/sorted_compile.log" ;;
     lse_acc)  # a segment log-sum-exp's forward and gradient against float64, and its pieces
       timeout 150 python "$here/lse_accuracy.py" 2>&1 | quiet | tee "$OUT/lse_acc.log" ;;
     lce)  # the language-model loss, forward and value-and-grad, against the plain loss
@@ -80,7 +85,7 @@ for step in $steps; do
       timeout "$([ "$step" = knn_compile ] && echo 330 || echo 240)" python "$here/breakdown.py" "$step" 2>&1 | quiet | tee -a "$OUT/breakdown.log"
       mv "$OUT/breakdown.json" "$OUT/$step.json" ;;
     *) echo "session.sh: no step $step (steps: tests chamfer chamfer_98k segments segments_rest segments_mean" \
-      "segments_softmax lse lse_ref lse_acc lce heads" \
+      "segments_softmax sorted_grads sorted_compile lse lse_ref lse_acc lce heads" \
       "cauchy_rows cauchy knn cli knn_whole knn_compile chamfer_parts chamfer_buffers argmin)" >&2
       exit 2 ;;
   esac

@@ -255,7 +255,8 @@ def _segment(
     def local(data, arrays, fn):
         plan, arrays = part.plan(n_local, chunk, arrays, axes, devices)
         if softmax_rows and plan.kind == "rows":
-            return _fold.normalize_rows(name, data, plan, arrays, op == "log_softmax")
+            log = op == "log_softmax"
+            return _fold.normalize_rows(name, data, plan, arrays, log, platform=backend)
         if normal:
             return _fold.normalize(name, fn, data, plan, arrays, op == "log_softmax", axes)
         by_scatters = scatters and plan.kind == "rows"

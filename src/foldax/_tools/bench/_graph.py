@@ -91,25 +91,26 @@ def _measure_case(cfg, case, calls, x, ids, rng):
 
     want = np.asarray(jax.jit(calls[PEER])(x, ids))
     wgt = jnp.asarray(rng.standard_normal(want.shape), jnp.float32)
+    # the cotangent's weights an argument, as a training step's are: closed over, they are a
+    # constant of the program (XLA:TPU took minutes to compile over one of 2 GB)
     passes = {
-        "forward": calls,
-        "gradient": {
-            k: jax.grad(lambda x, i, f=f: jnp.sum(f(x, i) * wgt)) for k, f in calls.items()
-        },
+        "forward": (calls, (x, ids)),
+        "gradient": (
+            {k: jax.grad(lambda x, i, wgt, f=f: jnp.sum(f(x, i) * wgt)) for k, f in calls.items()},
+            (x, ids, wgt),
+        ),
     }
     rows = []
-    for pass_, fns in passes.items():
+    for pass_, (fns, args) in passes.items():
         jitted = {k: jax.jit(f) for k, f in fns.items()}
         secs = w.median_times(
-            {k: functools.partial(f, x, ids) for k, f in jitted.items()}, repeats=cfg.repeats
+            {k: functools.partial(f, *args) for k, f in jitted.items()}, repeats=cfg.repeats
         )
         for name, f in fns.items():
             err = (
-                w.max_rel_err(np.asarray(jitted[name](x, ids)), want)
-                if pass_ == "forward"
-                else None
+                w.max_rel_err(np.asarray(jitted[name](*args)), want) if pass_ == "forward" else None
             )
-            temp = report(f, x, ids).temp_bytes
+            temp = report(f, *args).temp_bytes
             e, v = cfg.graph
             rows.append(_row("graph", case, name, pass_, temp, secs[name], err, edges=e, nodes=v))
     return rows
