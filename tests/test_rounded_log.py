@@ -42,10 +42,19 @@ def _reference(x, ids, s, w):
     return np.asarray(w, np.float64)[ids] * np.exp(x64 - (m + np.log(tot))[ids])
 
 
+@pytest.fixture
+def as_on_a_tpu(monkeypatch):
+    """The direct programs (``jax.ops``' scatters and gathers) as a TPU lowers them: a CPU's
+    take XLA's own logarithm, exact there."""
+    for kind, lower in _direct._LOWER_ON_TPU.items():
+        monkeypatch.setitem(_direct._LOWER, kind, lower)
+
+
 @pytest.mark.parametrize("form", ["ids", "sorted", "long", "fn"])
-def test_segment_logsumexp_takes_no_rounded_log(rounded_log, form):
-    """Scattered by ids (unsorted, sorted), walked (long segments of one value) and through a
-    ``fn`` of the rows (walked, the two-pass gradient): values and gradients float32-exact."""
+def test_segment_logsumexp_takes_no_rounded_log(rounded_log, as_on_a_tpu, form):
+    """Scattered by ids (unsorted, sorted; the TPU's program), walked (long segments of one
+    value) and through a ``fn`` of the rows (walked, the two-pass gradient): values and
+    gradients float32-exact."""
     rng = np.random.default_rng(0)
     n, s = 3_000, (3 if form == "long" else 300)
     ids_np = np.sort(rng.integers(0, s, n)) if form != "ids" else rng.integers(0, s, n)
@@ -141,3 +150,24 @@ def test_attention_takes_no_rounded_log(rounded_log):
         got = jax.jit(jax.grad(lambda q, f=f: jnp.sum(f(q) * g)))(q)
         got = np.asarray(got, np.float64)[0].transpose(1, 0, 2)
         assert_allclose(got, want_q, dtype=np.float32, scale=8.0, err_msg=impl)
+
+
+@pytest.mark.parametrize("sorted_ids", [False, True])
+def test_segment_log_softmax_as_on_a_tpu_takes_no_rounded_log(rounded_log, sorted_ids, monkeypatch):
+    """A log-softmax of plain rows, the program a TPU runs (jraph's, its logarithm refined):
+    float32-exact with a logarithm off by 1e-4."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    rng = np.random.default_rng(2)
+    n, s = 3_000, 300
+    ids_np = rng.integers(0, s, n)
+    ids_np = np.sort(ids_np) if sorted_ids else ids_np
+    x = jnp.asarray(6.0 * rng.standard_normal((n, 4)), jnp.float32)
+    f = lambda x: foldax.segment_log_softmax(x, ids_np, s, indices_are_sorted=sorted_ids)  # noqa: E731
+    got = jax.jit(f)(x)
+    x64 = np.asarray(x, np.float64)
+    m = np.full((s, 4), -np.inf)
+    np.maximum.at(m, ids_np, x64)
+    tot = np.zeros_like(m)
+    np.add.at(tot, ids_np, np.exp(x64 - m[ids_np]))
+    want = x64 - (m + np.log(tot))[ids_np]
+    assert_allclose(got, want, dtype=np.float32, scale=float(np.abs(want).max()))

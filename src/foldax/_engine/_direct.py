@@ -176,39 +176,62 @@ def _mean(ix, slots, rows):
     return (s / count.reshape(count.shape + (1,) * (s.ndim - 1)).astype(s.dtype), count), (), ()
 
 
-def _logsumexp(mean):
+def _logsumexp(mean, refined):
+    """The lowering of a (mean) log-sum-exp; ``refined``: its logarithms refined by a Newton
+    step (:func:`foldax._reductions._base.log_of_sum`), as a TPU needs. Elsewhere XLA's own
+    ``log`` is float32-exact, and XLA:CPU fuses the step's ``log`` and ``exp`` into the
+    gradient's gather, once per row and feature: it made the gradient 2x slower there."""
+    log = log_of_sum if refined else lambda a: jnp.log(a)  # (jnp read when called)
+
     def lower(ix, slots, rows):
         x = rows[0]
         m = ix.extreme(x, True)
-        finite = lambda a: jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))  # noqa: E731
         # the shift taken per row from the gathered max (not gathered from a shift per slot,
-        # which XLA may keep as one more buffer of slots)
-        s = ix.sum(jnp.exp(x - finite(ix.at_rows(m))))
-        logs = log_of_sum(s)
-        out = finite(m) + logs
+        # which XLA may keep as one more buffer of slots); _lse_gather makes the same
+        s = ix.sum(jnp.exp(x - _finite(ix.at_rows(m))))
+        logs = log(s)
+        out = _finite(m) + logs
         if not mean:
             return (out, m, logs), (), ()
         count = ix.sum(jnp.ones(ix.ids.shape, jnp.int32))
         n = count.reshape(count.shape + (1,) * (out.ndim - 1)).astype(out.dtype)
-        return (out - log_of_sum(n), m, logs, count), (), ()
+        return (out - log(n), m, logs, count), (), ()
 
     return lower
 
 
 def _lse_gather(ix, slots, rows):
     """Per row ``g * exp(x - logsumexp)`` of its segment (``slots``: the log-sum-exp's info
-    ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as
-    ``exp(x - m) * (g / sum)``: the shift and the scale per segment, gathered apart (gathered
-    side by side, as one array of rows twice as wide, it was faster on a CPU for rows of 32
-    features or more, but held that array of segments too: more temp than ``jax.ops``'
-    gradient where XLA fuses that one whole). As the walk's: 0 where the cotangent is 0, on
-    rows dropped, in all -inf and NaN segments and on the finite rows of a +inf segment; NaN
-    on a +inf row of a +inf segment with a cotangent."""
+    ``(m, rel = log(sum(exp(x - m))))`` and its result's cotangent ``g``), as ``jax.ops``'
+    program reads it: ``exp(x - m) * (g / sum)``, the exponentials and their sums made again
+    exactly as the forward makes them (:func:`_logsumexp`), so that in one program XLA makes
+    them once (and with jax 0.12 keeps the exponentials in the output's buffer), and the
+    scale per segment is a division, which XLA:CPU evaluates once per row where it fuses it
+    into the gather (``g exp(-rel)`` cost a logarithm and two exponentials there, per row
+    and feature: 1.5-4.5x ``jax.ops``' time). Computed alone (the forward in another
+    program), the exponentials and their sums are made again. As the walk's: 0 where the
+    cotangent is 0, on rows dropped, in all -inf and NaN segments and on the finite rows of
+    a +inf segment; NaN on a +inf row of a +inf segment with a cotangent."""
     x = rows[0]
-    m, rel, g = slots
-    shift = jnp.where(m == -jnp.inf, jnp.zeros_like(m), m).astype(rel.dtype)  # NaN, +inf kept
-    shift_r, scale_r = ix.at_rows(shift), ix.at_rows(_lse_scale(m, rel, g))
-    return _lse_rows(ix, x, shift_r, scale_r)
+    m, _, g = slots
+    e = jnp.exp(x - _finite(ix.at_rows(m)))  # (as the forward's, for XLA to make it once)
+    s = ix.sum(e)
+    g = g.astype(s.dtype)
+    # The segments told apart by their sums, not their max (then XLA frees the max for the
+    # sums, as in jax.ops' program): 0 in an all -inf or empty one, NaN in one holding a NaN,
+    # +inf in one holding +inf (a finite max makes a sum of at most the row count).
+    scale = jnp.where((s > 0) & (s < jnp.inf), g / s, jnp.zeros_like(s))
+    # NaN marks a +inf segment with a cotangent: NaN on its +inf rows, 0 on the others
+    scale = jnp.where((s == jnp.inf) & (g != 0), jnp.full_like(s, jnp.nan), scale)
+    scale_r = ix.at_rows(scale)
+    live = (scale_r != 0) & ~(jnp.isnan(scale_r) & (x != jnp.inf))
+    live = live if ix.in_range else live & ix.keep(x.ndim)
+    return (), (), (jnp.where(live, e * scale_r, jnp.zeros_like(e)).astype(x.dtype),)
+
+
+def _finite(a):
+    """``a``, 0 where it is not finite: a segment's shift (as the forward takes it)."""
+    return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
 
 
 def _lse_gather_on_tpu(ix, slots, rows):
@@ -266,15 +289,19 @@ _LOWER = {
     "scatter_max": _extremum(True),
     "scatter_min": _extremum(False),
     "scatter_mean": _mean,
-    "scatter_logsumexp": _logsumexp(False),
-    "scatter_logmeanexp": _logsumexp(True),
+    "scatter_logsumexp": _logsumexp(False, refined=False),
+    "scatter_logmeanexp": _logsumexp(True, refined=False),
     "lse_gather": _lse_gather,
     "mean_gather": _mean_gather,
 }
 
 
 #: the kinds a TPU lowers its own way
-_LOWER_ON_TPU = {"lse_gather": _lse_gather_on_tpu}
+_LOWER_ON_TPU = {
+    "lse_gather": _lse_gather_on_tpu,
+    "scatter_logsumexp": _logsumexp(False, refined=True),
+    "scatter_logmeanexp": _logsumexp(True, refined=True),
+}
 
 
 def lower(kind, out_avals, plan, arrays, consts, slots, rows, platform=None):

@@ -31,7 +31,8 @@ def log_of_sum(s):
     then one Newton step ``r + s exp(-r) - 1``. A TPU's float32 ``log`` is off by up to 1.1e-4
     (a v5e, against float64), its ``exp`` by 5e-6 (relative): derivatives read as ``exp((x - m)
     - log(s))`` carried the logarithm's error. Where ``r`` is not finite, or the step would be
-    large (a sum near the float range's ends), ``r`` as it is."""
+    large (a sum near the float range's ends), ``r`` as it is. (The direct programs a CPU runs
+    for plain rows take XLA's own ``log``, exact there: :func:`foldax._engine._direct.lower`.)"""
     r = jnp.log(s)
     ok = jnp.isfinite(r)
     step = s * jnp.exp(-jnp.where(ok, r, jnp.zeros((), r.dtype))) - 1
