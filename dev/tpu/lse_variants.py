@@ -8,8 +8,8 @@ forward's exponentials). Each way compiled once, then the median of 7 calls; wri
 
 Ways (``foldax._engine._direct``'s ``lse_gather`` replaced for the run): ``foldax`` (its own
 on this platform: on a TPU the max gathered as the forward gathers it, which XLA computes
-once; elsewhere the shift and the scale gathered apart), ``two gathers`` (the shift and the
-scale apart), ``the forward's gather`` (the TPU's form, on any platform), ``side by side``
+once; elsewhere ``jax.ops``' program, the exponentials and sums made as the forward makes
+them), ``two gathers`` (the shift and the scale apart), ``the forward's gather`` (the TPU's form, on any platform), ``side by side``
 (shift and scale as one array of rows twice as wide, one gather), and with ``LSE_ALL=1``
 ``the forward's exponentials`` (the forward's whole expression, gather and exponential).
 With ``LSE_REFERENCE=1`` each way's gradient is also compared with a float64 one computed on
