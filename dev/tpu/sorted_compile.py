@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def timed(name, f, *args):
+def timed(f, *args):
+    """``{"compile_s", "ms"}``: ``f`` jitted, compiled, then the median of 5 calls (after one)."""
     t = time.perf_counter()
     c = jax.jit(f).lower(*args).compile()
     comp = time.perf_counter() - t
@@ -29,7 +30,12 @@ def timed(name, f, *args):
         t = time.perf_counter()
         jax.block_until_ready(c(*args))
         runs.append(1e3 * (time.perf_counter() - t))
-    print(f"{name}: compile {comp:.1f} s, {statistics.median(runs):.2f} ms", flush=True)
+    return {"compile_s": comp, "ms": statistics.median(runs)}
+
+
+def show(name, f, *args):
+    r = timed(f, *args)
+    print(f"{name}: compile {r['compile_s']:.1f} s, {r['ms']:.2f} ms", flush=True)
 
 
 def ops(e: int, feat: int = 128):
@@ -39,25 +45,25 @@ def ops(e: int, feat: int = 128):
     g = jnp.asarray(rng.standard_normal((v, feat)), jnp.float32)
     ids = jnp.asarray(np.sort(rng.integers(0, v, e)), jnp.int32)
     for hint in (True, False):
-        timed(
+        show(
             f"E={e} scatter-add, sorted hint {hint}",
             lambda x, i: jax.ops.segment_sum(x, i, v, indices_are_sorted=hint),
             x,
             ids,
         )
-        timed(
+        show(
             f"E={e} gather (fill), sorted hint {hint}",
             lambda g, i: jnp.take(g, i, axis=0, mode="fill", fill_value=0, indices_are_sorted=hint),
             g,
             ids,
         )
-        timed(
+        show(
             f"E={e} gather (clip), sorted hint {hint}",
             lambda g, i: jnp.take(g, i, axis=0, mode="clip", indices_are_sorted=hint),
             g,
             ids,
         )
-        timed(
+        show(
             f"E={e} scatter-max, sorted hint {hint}",
             lambda x, i: jax.ops.segment_max(x, i, v, indices_are_sorted=hint),
             x,

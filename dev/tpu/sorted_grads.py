@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import foldax
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sorted_compile import timed
 
 
 def jraph_softmax(x, ids, n, **kw):
@@ -39,19 +40,6 @@ NAMES = {
     "segment_logsumexp": jraph_lse,
     "segment_softmax": jraph_softmax,
 }
-
-
-def timed(f, *args):
-    t = time.perf_counter()
-    c = jax.jit(f).lower(*args).compile()
-    comp = time.perf_counter() - t
-    jax.block_until_ready(c(*args))
-    runs = []
-    for _ in range(5):
-        t = time.perf_counter()
-        jax.block_until_ready(c(*args))
-        runs.append(1e3 * (time.perf_counter() - t))
-    return {"compile_s": comp, "ms": statistics.median(runs)}
 
 
 def main(e: int):

@@ -49,7 +49,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from .._reductions._base import log_of_sum
+from .._reductions._base import _finite_or_zero, log_of_sum
 from .._reductions._sum import mean_share
 from ._budget import DEFAULT_BUDGET
 
@@ -188,9 +188,9 @@ def _logsumexp(mean, refined):
         m = ix.extreme(x, True)
         # the shift taken per row from the gathered max (not gathered from a shift per slot,
         # which XLA may keep as one more buffer of slots); _lse_gather makes the same
-        s = ix.sum(jnp.exp(x - _finite(ix.at_rows(m))))
+        s = ix.sum(jnp.exp(x - _finite_or_zero(ix.at_rows(m))))
         logs = log(s)
-        out = _finite(m) + logs
+        out = _finite_or_zero(m) + logs
         if not mean:
             return (out, m, logs), (), ()
         count = ix.sum(jnp.ones(ix.ids.shape, jnp.int32))
@@ -214,7 +214,7 @@ def _lse_gather(ix, slots, rows):
     a +inf segment; NaN on a +inf row of a +inf segment with a cotangent."""
     x = rows[0]
     m, _, g = slots
-    e = jnp.exp(x - _finite(ix.at_rows(m)))  # (as the forward's, for XLA to make it once)
+    e = jnp.exp(x - _finite_or_zero(ix.at_rows(m)))  # (as the forward's, for XLA to make it once)
     s = ix.sum(e)
     g = g.astype(s.dtype)
     # The segments told apart by their sums, not their max (then XLA frees the max for the
@@ -227,11 +227,6 @@ def _lse_gather(ix, slots, rows):
     live = (scale_r != 0) & ~(jnp.isnan(scale_r) & (x != jnp.inf))
     live = live if ix.in_range else live & ix.keep(x.ndim)
     return (), (), (jnp.where(live, e * scale_r, jnp.zeros_like(e)).astype(x.dtype),)
-
-
-def _finite(a):
-    """``a``, 0 where it is not finite: a segment's shift (as the forward takes it)."""
-    return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
 
 
 def _lse_gather_on_tpu(ix, slots, rows):
