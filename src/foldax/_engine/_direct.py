@@ -49,7 +49,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from .._reductions._base import _finite_or_zero, log_of_sum
+from .._reductions._base import _finite_or_zero, log_of_sum_where
 from .._reductions._sum import mean_share
 from ._budget import DEFAULT_BUDGET
 
@@ -178,10 +178,8 @@ def _mean(ix, slots, rows):
 
 def _logsumexp(mean, refined):
     """The lowering of a (mean) log-sum-exp; ``refined``: its logarithms refined by a Newton
-    step (:func:`foldax._reductions._base.log_of_sum`), as a TPU needs. Elsewhere XLA's own
-    ``log`` is float32-exact, and XLA:CPU fuses the step's ``log`` and ``exp`` into the
-    gradient's gather, once per row and feature: it made the gradient 2x slower there."""
-    log = log_of_sum if refined else lambda a: jnp.log(a)  # (jnp read when called)
+    step, as a TPU needs (:func:`foldax._reductions._base.log_of_sum_where`)."""
+    log = log_of_sum_where(refined)
 
     def lower(ix, slots, rows):
         x = rows[0]

@@ -21,7 +21,7 @@ from .. import _closure, _engine, _shard
 from .._engine._budget import DEFAULT_BUDGET
 from .._reductions import LOGMEANEXP, LOGSUMEXP, MAX, MEAN, MIN, SUM
 from .._reductions._base import _accumulator as accumulator
-from .._reductions._base import _finite_or_zero, log_of_sum
+from .._reductions._base import _finite_or_zero, log_of_sum_where
 
 #: ``fn`` is traced for a block of this many rows; a step runs it on its rows block by block.
 ROW_BLOCK = 8
@@ -321,9 +321,7 @@ def normalize_rows(name, data, plan, arrays, log=False, platform="cpu"):
     # slower than jraph's). On a TPU sorted ids keep their order instead (see _SortedTable;
     # on a CPU its shifted ids made the forward 1.0-1.2x jraph's, from 0.9x, and held them).
     table = _SortedTable(num) if plan.sorted_ids and platform == "tpu" else _Table(num)
-    # the log-softmax's logarithm refined on a TPU only (see _direct._logsumexp: fused into
-    # the per-row gather, the step's log and exp made a CPU's program slower)
-    log_sum = log_of_sum if platform == "tpu" else lambda a: jnp.log(a)
+    log_sum = log_of_sum_where(platform == "tpu")  # (the log-softmax's)
     plan = dataclasses.replace(plan, num_slots=table.slots)
     dims = lax.ScatterDimensionNumbers(tuple(range(1, data.ndim)), (0,), (0,))
 
