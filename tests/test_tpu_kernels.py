@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_allclose, data_scale
+from helpers import assert_allclose, data_scale, reference
 from jax.test_util import check_grads
 
 import foldax
@@ -505,6 +505,45 @@ def test_sorted_softmax_as_on_a_tpu_equals_the_cpu_program(rng, log, monkeypatch
     assert_allclose(got, want, dtype=np.float32)
     assert_allclose(got_grad, want_grad, dtype=np.float32)
     assert np.isnan(got[ids < 0]).all() and np.isnan(got[ids >= 9]).all()
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_sorted_softmax_equals_float64(rng, log):
+    """With sorted ids, a segment softmax (or log-softmax) and its gradient equal float64 on
+    the machine the tests run on (compiled on a TPU, whose program keeps its slots in the ids'
+    order): ids out of range at both ends, an empty segment, one of one row, -inf and NaN
+    segments, and segments long enough to span XLA's blocks. (On a TPU v5e, whose float32
+    ``exp`` is off by up to 5e-6, the log-softmax's gradient ``w - p sum(w)`` is off by that
+    much of ``|w|``.)"""
+    name = "segment_log_softmax" if log else "segment_softmax"
+    num = 40
+    ids = np.sort(np.r_[rng.integers(-3, num + 3, 3_000), [-1, 2, num, num + 5]]).astype(np.int32)
+    ids = ids[(ids != 4) & (ids != 6)]
+    ids = np.sort(np.r_[ids, [6]]).astype(np.int32)  # segment 4 empty, 6 of one row
+    x = rng.standard_normal((ids.size, 130)).astype(np.float32)
+    x[ids == 1] = -np.inf
+    x[np.flatnonzero(ids == 3)[:1], 1] = np.nan
+    w = rng.standard_normal(x.shape).astype(np.float32)
+    want = reference(name.removeprefix("segment_"), x, ids, num)
+    live = np.isfinite(want)
+    # a gradient through the finite outputs only: an output's cotangent reaches its segment
+    sm = np.exp(want) if log else want
+    wl = np.where(live, w, 0.0).astype(np.float64)
+    grad = np.zeros_like(sm)
+    for s in range(num):
+        rows = ids == s
+        if log:
+            grad[rows] = wl[rows] - sm[rows] * wl[rows].sum(0)
+        else:
+            grad[rows] = sm[rows] * (wl[rows] - (sm[rows] * wl[rows]).sum(0))
+    fn = getattr(foldax, name)
+    f = jax.jit(lambda x: fn(x, ids, num, indices_are_sorted=True))
+    loss = lambda x: jnp.sum(jnp.where(live, f(x) * w, 0.0))  # noqa: E731
+    got, got_grad = f(x), jax.jit(jax.grad(loss))(x)
+    assert_allclose(got, want, dtype=np.float32, scale=10.0)
+    # (the gradient cancels terms of the cotangents' size: its error is theirs times exp's)
+    got_grad, grad = np.where(live, got_grad, 0.0), np.where(live, grad, 0.0)
+    assert_allclose(got_grad, grad, dtype=np.float32, scale=np.abs(w).max())
 
 
 @pytest.mark.skipif(ON_TPU, reason="lowers for a TPU from the CPU")

@@ -342,10 +342,13 @@ def lengths_rows():
 
 
 def lce_rows():
+    """The LM loss against the plain loss, and against Tokamax's kernels where Tokamax imports
+    (``LCE_DTYPES=bfloat16,float32``; Tokamax is given ``w`` in its own ``(D, V)`` layout)."""
     t, d = 8192, 2048
-    for v in (65_536,) if QUICK else (65_536, 131_072):
-        h = normal((t, d), jnp.bfloat16)
-        w = normal((v, d), jnp.bfloat16, 1 / np.sqrt(d))
+    dtypes = os.environ.get("LCE_DTYPES", "bfloat16").split(",")
+    for dtype, v in [(dt, v) for dt in dtypes for v in ((65_536,) if QUICK else (65_536, 131_072))]:
+        h = normal((t, d), jnp.dtype(dtype))
+        w = normal((v, d), jnp.dtype(dtype), 1 / np.sqrt(d))
         lab = jnp.asarray(r.integers(0, v, t), jnp.int32)
 
         def plain(h, w, lab):
@@ -356,9 +359,30 @@ def lce_rows():
 
         ours = lambda h, w, lab: foldax.linear_cross_entropy(h, w, lab)  # noqa: E731
         ways = {"foldax": ours, "foldax_xla": with_impl("xla", ours), "plain": plain}
-        row(f"lce T={t} D={d} V={v} fwd", ways, (h, w, lab))
+        ways.update(_tokamax_ways())
+        name = f"lce T={t} D={d} V={v}" + ("" if dtype == "bfloat16" else f" {dtype}")
+        row(f"{name} fwd", ways, (h, w, lab))
         vg = {k: jax.value_and_grad(f, (0, 1)) for k, f in ways.items()}
-        row(f"lce T={t} D={d} V={v} value_and_grad", vg, (h, w, lab))
+        row(f"{name} value_and_grad", vg, (h, w, lab))
+
+
+def _tokamax_ways():
+    """Tokamax's loss by its implementations, where it imports: ``w`` is read as ``(D, V)``."""
+    try:
+        import tokamax
+    except Exception as e:  # not installed, or not for this JAX
+        print(f"tokamax: not measured ({type(e).__name__}: {str(e)[:200]})", flush=True)
+        return {}
+
+    def way(impl):
+        def loss(h, w, lab):
+            return tokamax.linear_softmax_cross_entropy_loss(
+                h, lab, w.T, reduction="mean", implementation=impl
+            )
+
+        return loss
+
+    return {f"tokamax {impl}": way(impl) for impl in ("mosaic_tpu", "chunked_xla")}
 
 
 def kernel_sum_rows():
