@@ -189,13 +189,153 @@ def batched(q, k, v):
     return _every_head(kernel, q, k, v)
 
 
+U32 = jnp.uint32
+HIGH = 0xFFFF0000  # a 32-bit word's upper half
+
+
+def _unpack(words):
+    """``(rows, D)`` uint32 words of two bfloat16 each -> ``(low, high)`` bfloat16 arrays
+    (exact: a bfloat16 is a float32's upper half)."""
+    low = jax.lax.bitcast_convert_type(words << 16, F32)
+    high = jax.lax.bitcast_convert_type(words & U32(HIGH), F32)
+    return low.astype(jnp.bfloat16), high.astype(jnp.bfloat16)
+
+
+def _pack(low, high):
+    """Two float32 arrays, each rounded to bfloat16, as uint32 words ``(high << 16) | low``."""
+    bits = lambda a: jax.lax.bitcast_convert_type(a.astype(jnp.bfloat16).astype(F32), U32)
+    return (bits(low) >> 16) | (bits(high) & U32(HIGH))
+
+
+def pairs(q, k, v):
+    """(T, H, D) -> (T, H, D) in place, two heads per grid step. The ``(T * H, D)`` bfloat16
+    blocks are read as uint32 words (Pallas' bitcast packs rows ``2r`` and ``2r + 1`` into
+    word row ``r``, the even row in the low half), so the words of heads ``2p`` and ``2p + 1``
+    are every ``H / 2``-th word row from ``p``: a strided load of 32-bit values, which Mosaic
+    lowers from a uint32 ref (from a bitcast bfloat16 ref it crashes, and a 16-bit strided
+    load it refuses): each block is copied as words into uint32 scratch when it arrives. The
+    grid ``(T / bt, S / bs, H / 2)`` walks the head pairs innermost: the blocks of every head
+    stay in VMEM while it does, so each is loaded once, and the body is two heads' code (the
+    per-head loop's 16 took 32 s to compile)."""
+    t, h, d = q.shape
+    half = h // 2
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, qw, kw, vw, ow):
+        j, p = pl.program_id(1), pl.program_id(2)
+
+        @pl.when((j == 0) & (p == 0))
+        def _():
+            _init(m_ref, l_ref, acc_ref)
+            qw[...] = pltpu.bitcast(q_ref[...], U32)
+
+        @pl.when(p == 0)
+        def _():
+            kw[...] = pltpu.bitcast(k_ref[...], U32)
+            vw[...] = pltpu.bitcast(v_ref[...], U32)
+
+        def words(ref, rows):
+            return ref[pl.ds(p, rows, stride=half), :]
+
+        qs, ks, vs = _unpack(words(qw, BT)), _unpack(words(kw, BS)), _unpack(words(vw, BS))
+        for e in range(2):
+            _online(qs[e], ks[e], vs[e], m_ref, l_ref, acc_ref, 2 * p + e)
+
+        @pl.when(j == pl.num_programs(1) - 1)
+        def _():
+            outs = [acc_ref[2 * p + e] / l_ref[2 * p + e][:, :1] for e in range(2)]
+            ow[pl.ds(p, BT, stride=half), :] = _pack(*outs)
+
+        @pl.when((j == pl.num_programs(1) - 1) & (p == half - 1))
+        def _():
+            o_ref[...] = pltpu.bitcast(ow[...], o_ref.dtype)
+
+    flat = lambda a: a.reshape(a.shape[0] * h, d)
+    words = lambda rows: pltpu.VMEM((rows * half, d), U32)
+    out = pl.pallas_call(
+        kernel,
+        grid=(t // BT, k.shape[0] // BS, half),
+        in_specs=[
+            pl.BlockSpec((BT * h, d), lambda i, j, p: (i, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j, p: (j, 0)),
+            pl.BlockSpec((BS * h, d), lambda i, j, p: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((BT * h, d), lambda i, j, p: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
+        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2
+        + [pltpu.VMEM((h, BT, d), F32), words(BT), words(BS), words(BS), words(BT)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=100 * 2**20,
+        ),
+        interpret=INTERPRET,
+    )(flat(q), flat(k), flat(v))
+    return out.reshape(t, h, d)
+
+
+def _to_words(a):
+    """``(T, H, D)`` bfloat16 -> ``(T * H / 2, D)`` uint32, rows paired as Pallas' bitcast
+    pairs them (by XLA: a copy unless its layouts make it a view)."""
+    r = a.shape[0] * a.shape[1]
+    return jax.lax.bitcast_convert_type(a.reshape(r // 2, 2, a.shape[2]).swapaxes(1, 2), U32)
+
+
+def _from_words(w, shape):
+    return jax.lax.bitcast_convert_type(w, jnp.bfloat16).swapaxes(1, 2).reshape(shape)
+
+
+def pairs_words(q, k, v):
+    """:func:`pairs` with the blocks made words by XLA before the kernel (no copies in it)."""
+    t, h, d = q.shape
+    half = h // 2
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j, p = pl.program_id(1), pl.program_id(2)
+
+        @pl.when((j == 0) & (p == 0))
+        def _():
+            _init(m_ref, l_ref, acc_ref)
+
+        words = lambda ref, rows: ref[pl.ds(p, rows, stride=half), :]
+        qs, ks, vs = _unpack(words(q_ref, BT)), _unpack(words(k_ref, BS)), _unpack(words(v_ref, BS))
+        for e in range(2):
+            _online(qs[e], ks[e], vs[e], m_ref, l_ref, acc_ref, 2 * p + e)
+
+        @pl.when(j == pl.num_programs(1) - 1)
+        def _():
+            outs = [acc_ref[2 * p + e] / l_ref[2 * p + e][:, :1] for e in range(2)]
+            o_ref[pl.ds(p, BT, stride=half), :] = _pack(*outs)
+
+    out = pl.pallas_call(
+        kernel,
+        grid=(t // BT, k.shape[0] // BS, half),
+        in_specs=[
+            pl.BlockSpec((BT * half, d), lambda i, j, p: (i, 0)),
+            pl.BlockSpec((BS * half, d), lambda i, j, p: (j, 0)),
+            pl.BlockSpec((BS * half, d), lambda i, j, p: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((BT * half, d), lambda i, j, p: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((t * half, d), U32),
+        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=100 * 2**20,
+        ),
+        interpret=INTERPRET,
+    )(_to_words(q), _to_words(k), _to_words(v))
+    return _from_words(out, q.shape)
+
+
 WAYS = {
     "heads_major": (heads_major, "HTD"),
     "moved": (moved, "THD"),
     "strided": (functools.partial(in_place, strided=True), "THD"),
     "reshaped": (functools.partial(in_place, strided=False), "THD"),
     "batched": (batched, "THD"),
+    "pairs": (pairs, "THD"),
+    "pairs_words": (pairs_words, "THD"),
 }
+if os.environ.get("HEADS_WAYS"):  # e.g. heads_major,moved,pairs (the others compile for long)
+    WAYS = {w: WAYS[w] for w in os.environ["HEADS_WAYS"].split(",")}
 
 
 def _temp(fn, args):
