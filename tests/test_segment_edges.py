@@ -633,3 +633,36 @@ def test_monoids_compare_and_show_their_parameters():
     shown = {"k=3": KMin(3), "ddof=1": Var(1), "shared=True": SoftmaxSum(shared=True)}
     for param, mon in shown.items():
         assert param in repr(mon), repr(mon)
+
+
+@pytest.mark.parametrize("sort", [False, True])
+def test_logsumexp_gradient_of_rows_at_every_edge_equals_the_walk(sort, rng):
+    """A log-sum-exp's gradient of plain rows (``jax.ops``' program, its special segments
+    told apart) equals the walk's, NaN for NaN, whatever the chunks: a +inf segment whose
+    finite rows' ``exp(x)`` overflows (x = 100), one holding NaN, an all -inf and an empty
+    one, ids out of range, and cotangents of 0, NaN and +-inf."""
+    x = rng.standard_normal((60, 3)).astype(F32)
+    ids = rng.integers(-1, 9, 60).astype(np.int32)
+    ids[ids == 7] = 6  # segment 7 empty
+    x[ids == 1] = 100.0
+    x[np.flatnonzero(ids == 1)[:2], :2] = np.inf  # +inf segment 1, columns 0-1
+    x[np.flatnonzero(ids == 2)[:1], 1] = np.nan
+    x[ids == 3] = -np.inf
+    x[np.flatnonzero(ids == 4)[:3]] = -np.inf
+    g = rng.standard_normal((9, 3)).astype(F32)
+    g[[0, 1, 4, 5], 0] = [0.0, 0.0, np.nan, np.inf]
+    g[[1, 5, 6], 2] = [np.nan, -np.inf, 0.0]
+    if sort:
+        order = np.argsort(ids, kind="stable")
+        ids, x = ids[order], x[order]
+
+    def grad(**kw):
+        f = lambda x: foldax.segment_logsumexp(x, ids, 9, indices_are_sorted=sort, **kw)  # noqa: E731
+        return jax.jit(lambda x, g: jax.vjp(f, x)[1](g)[0])(jnp.asarray(x), jnp.asarray(g))
+
+    direct, walk = np.asarray(grad()), np.asarray(grad(chunk_size=4))
+    np.testing.assert_array_equal(np.isnan(direct), np.isnan(walk))
+    assert_allclose(direct, walk, dtype=np.float32)
+    assert (direct[ids == 1, 0] == 0).all() and np.isnan(direct[ids == 1, 1]).all()  # +inf
+    assert np.isnan(direct[ids == 4, 0]).all()  # a NaN cotangent is NaN on every row
+    assert (direct[ids == 3] == 0).all()  # all -inf, finite cotangents

@@ -207,24 +207,23 @@ def _lse_gather(ix, slots, rows):
     scale per segment is a division, which XLA:CPU evaluates once per row where it fuses it
     into the gather (``g exp(-rel)`` cost a logarithm and two exponentials there, per row
     and feature: 1.5-4.5x ``jax.ops``' time). Computed alone (the forward in another
-    program), the exponentials and their sums are made again. As the walk's: 0 where the
-    cotangent is 0, on rows dropped, in all -inf and NaN segments and on the finite rows of
-    a +inf segment; NaN on a +inf row of a +inf segment with a cotangent."""
+    program), the exponentials and their sums are made again. The walk's values, NaN for
+    NaN: ``g`` times the row's weight, which is 0 on rows dropped and in an all -inf or a NaN
+    segment (a NaN or infinite ``g`` makes NaN there), and NaN in a +inf one unless ``g`` is
+    0."""
     x = rows[0]
     m, _, g = slots
     e = jnp.exp(x - _finite_or_zero(ix.at_rows(m)))  # (as the forward's, for XLA to make it once)
     s = ix.sum(e)
     g = g.astype(s.dtype)
     # The segments told apart by their sums, not their max (then XLA frees the max for the
-    # sums, as in jax.ops' program): 0 in an all -inf or empty one, NaN in one holding a NaN,
-    # +inf in one holding +inf (a finite max makes a sum of at most the row count).
-    scale = jnp.where((s > 0) & (s < jnp.inf), g / s, jnp.zeros_like(s))
-    # NaN marks a +inf segment with a cotangent: NaN on its +inf rows, 0 on the others
-    scale = jnp.where((s == jnp.inf) & (g != 0), jnp.full_like(s, jnp.nan), scale)
-    scale_r = ix.at_rows(scale)
-    live = (scale_r != 0) & ~(jnp.isnan(scale_r) & (x != jnp.inf))
-    live = live if ix.in_range else live & ix.keep(x.ndim)
-    return (), (), (jnp.where(live, e * scale_r, jnp.zeros_like(e)).astype(x.dtype),)
+    # sums, as in jax.ops' program): a finite max makes a sum in [1, rows]. Elsewhere a row's
+    # gradient is g times the weight, 0 or NaN, whatever its e.
+    finite = (s > 0) & (s < jnp.inf)
+    other = jnp.where((s == jnp.inf) & (g != 0), jnp.full_like(s, jnp.nan), g * 0)
+    q = jnp.where(finite, g / s, other)
+    out = jnp.where(ix.at_rows(finite), e, jnp.ones_like(e)) * ix.at_rows(q)
+    return (), (), (ix.kept(out).astype(x.dtype),)
 
 
 def _lse_gather_on_tpu(ix, slots, rows):
