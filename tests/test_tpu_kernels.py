@@ -481,6 +481,17 @@ def test_segment_reductions_of_rows_lowered_for_a_tpu(reduction, indices_are_sor
             assert '"stablehlo.scatter"' in text or '"stablehlo.gather"' in text
 
 
+def _sorted_edges(rng, num, rows, features):
+    """``(ids, x, w)``: about ``rows`` sorted ids in ``[-3, num + 3)`` (out of range at both
+    ends), segment 4 empty, 6 of one row, 1 all -inf, a NaN in 3; values and weights."""
+    ids = np.sort(np.r_[rng.integers(-3, num + 3, rows), [-1, 2, num, num + 2]])
+    ids = np.sort(np.r_[ids[(ids != 4) & (ids != 6)], [6]]).astype(np.int32)
+    x = rng.standard_normal((ids.size, features)).astype(np.float32)
+    x[ids == 1] = -np.inf
+    x[np.flatnonzero(ids == 3)[:1], 1] = np.nan
+    return ids, x, rng.standard_normal(x.shape).astype(np.float32)
+
+
 @pytest.mark.skipif(ON_TPU, reason="runs as on a TPU on the CPU")
 @pytest.mark.parametrize("log", [False, True])
 def test_sorted_softmax_as_on_a_tpu_equals_the_cpu_program(rng, log, monkeypatch):
@@ -489,13 +500,7 @@ def test_sorted_softmax_as_on_a_tpu_equals_the_cpu_program(rng, log, monkeypatch
     of range at both ends, an empty segment, a segment of one row, -inf and NaN segments."""
     name = "segment_log_softmax" if log else "segment_softmax"
     fn = getattr(foldax, name)
-    ids = np.sort(np.r_[rng.integers(-3, 9, 60), [-1, -1, 2, 9, 9, 12]]).astype(np.int32)
-    ids = ids[(ids != 4) & (ids != 6)]
-    ids = np.sort(np.r_[ids, [6]]).astype(np.int32)  # segment 4 empty, 6 of one row
-    x = rng.standard_normal((ids.size, 3)).astype(np.float32)
-    x[ids == 1] = -np.inf
-    x[np.flatnonzero(ids == 3)[:1], 1] = np.nan
-    w = rng.standard_normal(x.shape).astype(np.float32)
+    ids, x, w = _sorted_edges(rng, 9, 60, 3)
     f = lambda x: fn(x, ids, 9, indices_are_sorted=True)  # noqa: E731
     loss = lambda x: jnp.sum(jnp.where(jnp.isnan(f(x)), 0.0, f(x) * w))  # noqa: E731
     want, want_grad = f(x), jax.grad(loss)(x)
@@ -517,13 +522,7 @@ def test_sorted_softmax_equals_float64(rng, log):
     much of ``|w|``.)"""
     name = "segment_log_softmax" if log else "segment_softmax"
     num = 40
-    ids = np.sort(np.r_[rng.integers(-3, num + 3, 3_000), [-1, 2, num, num + 5]]).astype(np.int32)
-    ids = ids[(ids != 4) & (ids != 6)]
-    ids = np.sort(np.r_[ids, [6]]).astype(np.int32)  # segment 4 empty, 6 of one row
-    x = rng.standard_normal((ids.size, 130)).astype(np.float32)
-    x[ids == 1] = -np.inf
-    x[np.flatnonzero(ids == 3)[:1], 1] = np.nan
-    w = rng.standard_normal(x.shape).astype(np.float32)
+    ids, x, w = _sorted_edges(rng, num, 3_000, 130)
     want = reference(name.removeprefix("segment_"), x, ids, num)
     live = np.isfinite(want)
     # a gradient through the finite outputs only: an output's cotangent reaches its segment

@@ -207,6 +207,30 @@ def _pack(low, high):
     return (bits(low) >> 16) | (bits(high) & U32(HIGH))
 
 
+def _pairs_call(kernel, args, h, per, dtype, scratch):
+    """``kernel`` on the grid ``(T / bt, S / bs, H / 2)`` over ``(positions * per, D)`` arrays
+    (``per`` rows a position), each head's states ``(H, BT, ...)`` then ``scratch``."""
+    (t, d), s = (args[0].shape[0] // per, args[0].shape[1]), args[1].shape[0] // per
+    return pl.pallas_call(
+        kernel,
+        grid=(t // BT, s // BS, h // 2),
+        in_specs=[
+            pl.BlockSpec((BT * per, d), lambda i, j, p: (i, 0)),
+            pl.BlockSpec((BS * per, d), lambda i, j, p: (j, 0)),
+            pl.BlockSpec((BS * per, d), lambda i, j, p: (j, 0)),
+        ],
+        out_specs=pl.BlockSpec((BT * per, d), lambda i, j, p: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((t * per, d), dtype),
+        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2
+        + [pltpu.VMEM((h, BT, d), F32), *scratch],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=100 * 2**20,
+        ),
+        interpret=INTERPRET,
+    )(*args)
+
+
 def pairs(q, k, v):
     """(T, H, D) -> (T, H, D) in place, two heads per grid step. The ``(T * H, D)`` bfloat16
     blocks are read as uint32 words (Pallas' bitcast packs rows ``2r`` and ``2r + 1`` into
@@ -251,24 +275,8 @@ def pairs(q, k, v):
 
     flat = lambda a: a.reshape(a.shape[0] * h, d)
     words = lambda rows: pltpu.VMEM((rows * half, d), U32)
-    out = pl.pallas_call(
-        kernel,
-        grid=(t // BT, k.shape[0] // BS, half),
-        in_specs=[
-            pl.BlockSpec((BT * h, d), lambda i, j, p: (i, 0)),
-            pl.BlockSpec((BS * h, d), lambda i, j, p: (j, 0)),
-            pl.BlockSpec((BS * h, d), lambda i, j, p: (j, 0)),
-        ],
-        out_specs=pl.BlockSpec((BT * h, d), lambda i, j, p: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((t * h, d), q.dtype),
-        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2
-        + [pltpu.VMEM((h, BT, d), F32), words(BT), words(BS), words(BS), words(BT)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=100 * 2**20,
-        ),
-        interpret=INTERPRET,
-    )(flat(q), flat(k), flat(v))
+    scratch = [words(BT), words(BS), words(BS), words(BT)]
+    out = _pairs_call(kernel, (flat(q), flat(k), flat(v)), h, h, q.dtype, scratch)
     return out.reshape(t, h, d)
 
 
@@ -285,7 +293,7 @@ def _from_words(w, shape):
 
 def pairs_words(q, k, v):
     """:func:`pairs` with the blocks made words by XLA before the kernel (no copies in it)."""
-    t, h, d = q.shape
+    h = q.shape[1]
     half = h // 2
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
@@ -305,23 +313,7 @@ def pairs_words(q, k, v):
             outs = [acc_ref[2 * p + e] / l_ref[2 * p + e][:, :1] for e in range(2)]
             o_ref[pl.ds(p, BT, stride=half), :] = _pack(*outs)
 
-    out = pl.pallas_call(
-        kernel,
-        grid=(t // BT, k.shape[0] // BS, half),
-        in_specs=[
-            pl.BlockSpec((BT * half, d), lambda i, j, p: (i, 0)),
-            pl.BlockSpec((BS * half, d), lambda i, j, p: (j, 0)),
-            pl.BlockSpec((BS * half, d), lambda i, j, p: (j, 0)),
-        ],
-        out_specs=pl.BlockSpec((BT * half, d), lambda i, j, p: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((t * half, d), U32),
-        scratch_shapes=[pltpu.VMEM((h, BT, 128), F32)] * 2 + [pltpu.VMEM((h, BT, d), F32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=100 * 2**20,
-        ),
-        interpret=INTERPRET,
-    )(_to_words(q), _to_words(k), _to_words(v))
+    out = _pairs_call(kernel, (_to_words(q), _to_words(k), _to_words(v)), h, half, U32, [])
     return _from_words(out, q.shape)
 
 
