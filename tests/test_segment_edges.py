@@ -666,3 +666,41 @@ def test_logsumexp_gradient_of_rows_at_every_edge_equals_the_walk(sort, rng):
     assert (direct[ids == 1, 0] == 0).all() and np.isnan(direct[ids == 1, 1]).all()  # +inf
     assert np.isnan(direct[ids == 4, 0]).all()  # a NaN cotangent is NaN on every row
     assert (direct[ids == 3] == 0).all()  # all -inf, finite cotangents
+
+
+EDGE_SEGMENTS = [  # three rows of one feature each
+    [0.5, -1.0, -np.inf],
+    [100.0, 99.0, -np.inf],
+    [-np.inf, -np.inf, -np.inf],
+    [np.nan, 1.0, -np.inf],
+    [np.nan, np.inf, 1.0],
+    [np.inf, 100.0, -1.0],
+    [np.inf, np.inf, -np.inf],
+    [2.0, 2.0, 1.0],
+    [0.0, -0.0, 3.0],
+]
+
+
+@pytest.mark.parametrize(
+    "name", ["sum", "mean", "max", "min", "logsumexp", "prod", "softmax", "log_softmax"]
+)
+def test_direct_program_equals_the_walk_at_every_edge(name):
+    """A segment reduction of plain rows (the direct program: scatters and gathers) gives the
+    walk's values and gradients (the same call with ``chunk_size``), NaN for NaN, on segments
+    of +-inf, NaN, all -inf, ties and signed zeros, an empty one, ids out of range, and
+    cotangents of 1, 0, NaN and +inf: the answers do not depend on ``chunk_size``."""
+    s = len(EDGE_SEGMENTS) + 1  # (the last one empty)
+    x = np.r_[[1.0], np.concatenate(EDGE_SEGMENTS), [2.0]].astype(F32)[:, None]
+    ids = np.r_[[-1], np.repeat(np.arange(s - 1), 3), [s]].astype(np.int32)
+    fn = getattr(foldax, f"segment_{name}")
+    for gv in (1.0, 0.0, np.nan, np.inf):
+        g = np.full((x.shape[0] if "softmax" in name else s, 1), gv, F32)
+        got = []
+        for kw in ({}, {"chunk_size": 2}):
+            f = lambda x, kw=kw: fn(x, ids, s, indices_are_sorted=True, **kw)  # noqa: E731
+            val, back = jax.jit(lambda x, g, f=f: (f(x), jax.vjp(f, x)[1](g)[0]))(x, g)
+            got.append((np.asarray(val), np.asarray(back)))
+        (direct, walk) = got
+        for what, a, b in zip(("value", "gradient"), direct, walk, strict=True):
+            np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{what}, g={gv}")
+            assert_allclose(a, b, dtype=F32, err_msg=f"{what}, g={gv}")

@@ -362,18 +362,18 @@ def normalize_rows(name, data, plan, arrays, log=False, platform="cpu"):
     def _(primals, tangents):
         (x, ids), (t, _) = primals, tangents
         y, p, at_rows, sums = run(x, ids)
-        bad = jnp.isnan(p)
-        p = jnp.where(bad, jnp.zeros((), p.dtype), p)  # the softmax, 0 on the bad rows
-        if log:
-            # dy = dx - sum(p * dx), 0 on the bad rows: p and the bad rows are what reverse
-            # mode keeps. The sum is taken of p * -dx and not masked again (a bad row only
-            # meets the sums of segments whose rows are all bad: a +inf or NaN, all -inf, the
-            # extra slot), so that reverse mode scatters the cotangent itself, as the jax.ops
-            # program does: no masked or negated copy of it.
-            spread = at_rows(sums(p * -t))
-            return y, jnp.where(bad, jnp.zeros((), t.dtype), t) + spread
-        # p is the mask: 0 on the bad rows, whatever it multiplies there
-        by_p = lambda v: jnp.where(p == 0, jnp.zeros((), v.dtype), p * v)  # noqa: E731
+        # The softmax, -0 on the bad rows, which take no gradient: p alone is what reverse mode
+        # keeps, its sign bit the mask (a softmax is +0 where it underflows). Masked after the
+        # product, so that a NaN or infinite dx makes NaN where p is 0 on a row that is not
+        # bad, as the walk's p * dx (a bad row only meets the sums of segments whose rows are
+        # all bad: a +inf or NaN, all -inf, the extra slot).
+        p = jnp.where(jnp.isnan(p), jnp.asarray(-0.0, p.dtype), p)
+        bad = jnp.signbit(p)
+        if log:  # dy = dx - sum(p * dx), dx masked first: reverse mode sums the cotangent
+            # itself (as the jax.ops program does: no masked copy of it) and masks last
+            t = jnp.where(bad, jnp.zeros((), t.dtype), t)
+            return y, t - at_rows(sums(p * t))
+        by_p = lambda v: jnp.where(bad, jnp.zeros((), v.dtype), p * v)  # noqa: E731
         spread = at_rows(sums(by_p(t)))
         return y, by_p(t - spread)
 
