@@ -207,6 +207,22 @@ def _pack(low, high):
     return (bits(low) >> 16) | (bits(high) & U32(HIGH))
 
 
+def _pair_step(qw, kw, vw, ow, m_ref, l_ref, acc_ref):
+    """One grid step of two heads from uint32 word refs (rows ``position * H / 2 + pair``):
+    their online softmax, and at the last block of keys their outputs packed into ``ow``."""
+    j, p = pl.program_id(1), pl.program_id(2)
+    half = qw.shape[0] // BT
+    words = lambda ref, rows: ref[pl.ds(p, rows, stride=half), :]
+    qs, ks, vs = _unpack(words(qw, BT)), _unpack(words(kw, BS)), _unpack(words(vw, BS))
+    for e in range(2):
+        _online(qs[e], ks[e], vs[e], m_ref, l_ref, acc_ref, 2 * p + e)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        outs = [acc_ref[2 * p + e] / l_ref[2 * p + e][:, :1] for e in range(2)]
+        ow[pl.ds(p, BT, stride=half), :] = _pack(*outs)
+
+
 def _pairs_call(kernel, args, h, per, dtype, scratch):
     """``kernel`` on the grid ``(T / bt, S / bs, H / 2)`` over ``(positions * per, D)`` arrays
     (``per`` rows a position), each head's states ``(H, BT, ...)`` then ``scratch``."""
@@ -257,17 +273,7 @@ def pairs(q, k, v):
             kw[...] = pltpu.bitcast(k_ref[...], U32)
             vw[...] = pltpu.bitcast(v_ref[...], U32)
 
-        def words(ref, rows):
-            return ref[pl.ds(p, rows, stride=half), :]
-
-        qs, ks, vs = _unpack(words(qw, BT)), _unpack(words(kw, BS)), _unpack(words(vw, BS))
-        for e in range(2):
-            _online(qs[e], ks[e], vs[e], m_ref, l_ref, acc_ref, 2 * p + e)
-
-        @pl.when(j == pl.num_programs(1) - 1)
-        def _():
-            outs = [acc_ref[2 * p + e] / l_ref[2 * p + e][:, :1] for e in range(2)]
-            ow[pl.ds(p, BT, stride=half), :] = _pack(*outs)
+        _pair_step(qw, kw, vw, ow, m_ref, l_ref, acc_ref)
 
         @pl.when((j == pl.num_programs(1) - 1) & (p == half - 1))
         def _():
@@ -303,15 +309,7 @@ def pairs_words(q, k, v):
         def _():
             _init(m_ref, l_ref, acc_ref)
 
-        words = lambda ref, rows: ref[pl.ds(p, rows, stride=half), :]
-        qs, ks, vs = _unpack(words(q_ref, BT)), _unpack(words(k_ref, BS)), _unpack(words(v_ref, BS))
-        for e in range(2):
-            _online(qs[e], ks[e], vs[e], m_ref, l_ref, acc_ref, 2 * p + e)
-
-        @pl.when(j == pl.num_programs(1) - 1)
-        def _():
-            outs = [acc_ref[2 * p + e] / l_ref[2 * p + e][:, :1] for e in range(2)]
-            o_ref[pl.ds(p, BT, stride=half), :] = _pack(*outs)
+        _pair_step(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref)
 
     out = _pairs_call(kernel, (_to_words(q), _to_words(k), _to_words(v)), h, half, U32, [])
     return _from_words(out, q.shape)
