@@ -350,9 +350,14 @@ def normalize_rows(name, data, plan, arrays, log=False, platform="cpu"):
         # One (N, *F) intermediate, the exponentials, read by the sum and by the division (as
         # jraph's). A quotient of two correctly rounded numbers: within 2 ulp of the softmax,
         # where exp(x - max - log(sum)) loses |x - max| ulp.
-        p = e / at_rows(total)
-        # the log-softmax: NaN where the softmax is (0 / 0 in an all -inf segment)
-        return (d - at_rows(log_sum(total)) if log else p), p, at_rows, sums
+        total_r = at_rows(total)
+        p = e / total_r
+        if log:  # NaN where the softmax is (0 / 0 in an all -inf segment)
+            return d - at_rows(log_sum(total)), p, at_rows, sums
+        # for the derivative: -0 on the bad rows, tested on the quotient's operands so that
+        # XLA makes both in one loop (one array of rows fewer in the gradient)
+        bad = jnp.isnan(e) | jnp.isnan(total_r)
+        return p, jnp.where(bad, jnp.asarray(-0.0, p.dtype), p), at_rows, sums
 
     @jax.custom_jvp
     def normalized(x, ids):
@@ -367,15 +372,15 @@ def normalize_rows(name, data, plan, arrays, log=False, platform="cpu"):
         # product, so that a NaN or infinite dx makes NaN where p is 0 on a row that is not
         # bad, as the walk's p * dx (a bad row only meets the sums of segments whose rows are
         # all bad: a +inf or NaN, all -inf, the extra slot).
-        p = jnp.where(jnp.isnan(p), jnp.asarray(-0.0, p.dtype), p)
-        bad = jnp.signbit(p)
         if log:  # dy = dx - sum(p * dx), dx masked first: reverse mode sums the cotangent
             # itself (as the jax.ops program does: no masked copy of it) and masks last
-            t = jnp.where(bad, jnp.zeros((), t.dtype), t)
+            p = jnp.where(jnp.isnan(p), jnp.asarray(-0.0, p.dtype), p)
+            t = jnp.where(jnp.signbit(p), jnp.zeros((), t.dtype), t)
             return y, t - at_rows(sums(p * t))
+        bad = jnp.signbit(p)
         by_p = lambda v: jnp.where(bad, jnp.zeros((), v.dtype), p * v)  # noqa: E731
-        spread = at_rows(sums(by_p(t)))
-        return y, by_p(t - spread)
+        v = by_p(t)
+        return y, v - by_p(at_rows(sums(v)))
 
     return normalized(data, *arrays)
 
