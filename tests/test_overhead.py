@@ -535,6 +535,30 @@ def test_logsumexp_gradient_is_the_jax_ops_program(sorted_ids):
     assert _temp(grads[0], x, ids) <= _temp(grads[1], x, ids)
 
 
+@pytest.mark.parametrize("sorted_ids", [False, True])
+def test_softmax_gradient_keeps_fewer_rows_than_jraphs(sorted_ids):
+    """A segment softmax's gradient of plain rows keeps the softmax and ``p * g`` (the scatter's
+    input) as its arrays of rows, where jraph's keeps the exponentials, the gathered sums and
+    its scatter's input: written ``p * (dx - sum(p * dx))`` it made six, and held as much temp
+    as jraph's (71.2 against 74.4 MB at 1 M rows of 8 features; now 42.4)."""
+    n, s, feat = 20_000, 500, 8
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, s, n)
+    ids = jnp.asarray(np.sort(ids) if sorted_ids else ids, jnp.int32)
+    x = jnp.asarray(rng.standard_normal((n, feat)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((n, feat)), jnp.float32)
+
+    def jraph(x, i):
+        m = jax.lax.stop_gradient(jax.ops.segment_max(x, i, s, indices_are_sorted=sorted_ids))
+        e = jnp.exp(x - m[i])
+        return e / jax.ops.segment_sum(e, i, s, indices_are_sorted=sorted_ids)[i]
+
+    ours = lambda x, i: foldax.segment_softmax(x, i, s, indices_are_sorted=sorted_ids)  # noqa: E731
+    grads = [jax.jit(jax.grad(lambda x, i, f=f: jnp.sum(f(x, i) * w))) for f in (ours, jraph)]
+    assert _temp(grads[0], x, ids) <= 0.75 * _temp(grads[1], x, ids)
+    assert_allclose(grads[0](x, ids), grads[1](x, ids), dtype=np.float32)
+
+
 @pytest.mark.parametrize("features", [3, 40])
 @pytest.mark.parametrize("sorted_ids", [False, True])
 def test_logsumexp_gradient_as_a_tpu_gathers_it(features, sorted_ids, monkeypatch):
