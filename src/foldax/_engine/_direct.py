@@ -218,11 +218,12 @@ def _lse_gather(ix, slots, rows):
     g = g.astype(s.dtype)
     # The segments told apart by their sums, not their max (then XLA frees the max for the
     # sums, as in jax.ops' program): a finite max makes a sum in [1, rows]. Elsewhere a row's
-    # gradient is g times the weight, 0 or NaN, whatever its e.
+    # gradient is g times the weight, 0 or NaN, whatever its e: q = g * 0 or NaN, and where q
+    # is 0 so is the row (a finite max makes every e finite), where it is NaN, e * q is too.
     finite = (s > 0) & (s < jnp.inf)
     other = jnp.where((s == jnp.inf) & (g != 0), jnp.full_like(s, jnp.nan), g * 0)
-    q = jnp.where(finite, g / s, other)
-    out = jnp.where(ix.at_rows(finite), e, jnp.ones_like(e)) * ix.at_rows(q)
+    q = ix.at_rows(jnp.where(finite, g / s, other))
+    out = jnp.where(q == 0, jnp.zeros_like(e), e * q)
     return (), (), (ix.kept(out).astype(x.dtype),)
 
 
